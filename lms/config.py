@@ -1,0 +1,232 @@
+"""`LMSConfig`: the TFLMS knobs, validated once, saved and loaded as JSON.
+
+The field names and defaults are those of TFLMS v1 (Le, Imai et al., 2018), so a
+TFLMS user's settings carry over unchanged.
+
+The file format is plain JSON (never pickle or eval)::
+
+    {"schema": "lms.config", "schema_version": 1,
+     "config": {"n_tensors": 100, "lb": 5, ...}}
+
+`LMSConfig.load` also reads the tuner's ``recommended.json`` (schema
+``"tuner.recommendation"``), which carries the same ``"config"`` member next to
+the batch size and measured figures, so a training script can load a tuning
+result directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = ["LMSConfig", "CONFIG_SCHEMA", "SCHEMA_VERSION", "STRATEGIES", "atomic_write_text"]
+
+CONFIG_SCHEMA = "lms.config"
+RECOMMENDATION_SCHEMA = "tuner.recommendation"
+SCHEMA_VERSION = 1
+STRATEGIES = ("chain_rule", "direct_order")
+_KNOWN_SCHEMAS = (CONFIG_SCHEMA, RECOMMENDATION_SCHEMA)
+
+
+@dataclass(frozen=True)
+class LMSConfig:
+    """Which tensors to swap to host memory and when to bring them back.
+
+    Attributes:
+        n_tensors: how many candidate tensors to swap, in forward topological
+            order (earliest first). ``-1``: every candidate; ``0``: LMS off.
+        lb: lower bound, in topological levels, of how far before its first
+            backward consumer a tensor's swap-in is triggered (``1`` = just in
+            time; larger = earlier prefetch, more overlap, more memory held).
+        ub: upper bound of that distance; the trigger is the nearest valid op
+            in ``[lb, ub]``.
+        fuse_swapins: one swap-in serves all backward consumers of a tensor
+            whose levels lie within ``lb`` of each other (fewer transfers,
+            the tensor is held longer); ``False``: one swap-in per consumer.
+        ctrld_strategy: how the trigger op is found: ``"chain_rule"`` (walk
+            forward from the producer and use the gradient ops of what is found)
+            or ``"direct_order"`` (ops ``k`` levels earlier in the whole graph's
+            topological order).
+        swap_branches: also swap tensors whose *forward* consumers are more
+            than ``branch_threshold`` levels apart (long skip connections).
+        branch_threshold: see ``swap_branches``.
+        incl_scopes / excl_scopes: only / never swap tensors produced by ops
+            whose name starts with one of these scopes.
+        incl_types / excl_types: only / never swap tensors produced by ops of
+            these types.
+    """
+
+    n_tensors: int = -1
+    lb: int = 1
+    ub: int = 10000
+    fuse_swapins: bool = False
+    ctrld_strategy: str = "chain_rule"
+    swap_branches: bool = False
+    branch_threshold: int = 0
+    incl_scopes: tuple[str, ...] = field(default=())
+    excl_scopes: tuple[str, ...] = field(default=())
+    incl_types: tuple[str, ...] = field(default=())
+    excl_types: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        for name in ("n_tensors", "lb", "ub", "branch_threshold"):
+            _check_int(name, getattr(self, name))
+        for name in ("fuse_swapins", "swap_branches"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"LMSConfig.{name}={value!r}: must be true or false")
+        for name in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+                raise ValueError(
+                    f"LMSConfig.{name}={value!r}: must be a list of strings, e.g. [\"resnet50/conv1\"]")
+            for item in value:
+                if not isinstance(item, str) or not item:
+                    raise ValueError(
+                        f"LMSConfig.{name} contains {item!r}: every entry must be a non-empty string")
+            object.__setattr__(self, name, tuple(value))
+        if self.n_tensors < -1:
+            raise ValueError(
+                f"LMSConfig.n_tensors={self.n_tensors}: must be -1 (all candidates), 0 (off) or a positive count")
+        if self.lb < 1:
+            raise ValueError(f"LMSConfig.lb={self.lb}: must be >= 1 (1 = just in time)")
+        if self.ub < 1:
+            raise ValueError(f"LMSConfig.ub={self.ub}: must be >= 1")
+        if self.lb > self.ub:
+            raise ValueError(f"LMSConfig.lb={self.lb} > ub={self.ub}: lb must not exceed ub")
+        if self.ctrld_strategy not in STRATEGIES:
+            raise ValueError(
+                f"LMSConfig.ctrld_strategy={self.ctrld_strategy!r}: allowed values are "
+                + ", ".join(repr(s) for s in STRATEGIES))
+        if self.branch_threshold < 0:
+            raise ValueError(f"LMSConfig.branch_threshold={self.branch_threshold}: must be >= 0")
+
+    @property
+    def enabled(self) -> bool:
+        """False when the config swaps nothing (``n_tensors == 0``)."""
+        return self.n_tensors != 0
+
+    def replace(self, **changes: Any) -> "LMSConfig":
+        """A copy with some fields changed (validated like a new config)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready fields (tuples become lists)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "LMSConfig":
+        """Build from a mapping of fields; unknown keys and wrong types are errors.
+
+        Raises:
+            ValueError: naming the offending key, its value and what is allowed.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"LMS config must be a JSON object, got {type(data).__name__}")
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(
+                f"unknown LMS config key {unknown[0]!r}; allowed keys: " + ", ".join(known))
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            default = known[key].default if known[key].default is not dataclasses.MISSING else ()
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise ValueError(f"LMS config key {key!r}={value!r}: must be true or false")
+            elif isinstance(default, int):
+                _check_int(key, value)
+            elif isinstance(default, str):
+                if not isinstance(value, str):
+                    raise ValueError(f"LMS config key {key!r}={value!r}: must be a string")
+            elif isinstance(default, tuple):
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise ValueError(f"LMS config key {key!r}={value!r}: must be a list of strings")
+                value = tuple(value)
+            kwargs[key] = value
+        return cls(**kwargs)
+
+    def to_json(self) -> str:
+        doc = {"schema": CONFIG_SCHEMA, "schema_version": SCHEMA_VERSION, "config": self.to_dict()}
+        return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the config as JSON, atomically (temp file + rename)."""
+        return atomic_write_text(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "LMSConfig":
+        """Read a config file, or the ``config`` of a tuner ``recommended.json``.
+
+        Raises:
+            FileNotFoundError: the file does not exist.
+            ValueError: the file is not valid JSON, has the wrong schema or
+                version, or its config has unknown keys or wrong types.
+        """
+        path = Path(path)
+        text = path.read_text(encoding="utf-8")
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        try:
+            return cls.from_document(doc)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+
+    @classmethod
+    def from_document(cls, doc: Any) -> "LMSConfig":
+        """Parse a loaded JSON document (a config file or a recommendation)."""
+        if not isinstance(doc, dict):
+            raise ValueError(f"expected a JSON object, got {type(doc).__name__}")
+        schema = doc.get("schema")
+        if schema not in _KNOWN_SCHEMAS:
+            raise ValueError(
+                f"key 'schema'={schema!r}: expected one of " + ", ".join(repr(s) for s in _KNOWN_SCHEMAS))
+        version = doc.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"key 'schema_version'={version!r}: this version reads {SCHEMA_VERSION}")
+        if schema == CONFIG_SCHEMA:
+            extra = sorted(set(doc) - {"schema", "schema_version", "config"})
+            if extra:
+                raise ValueError(f"unknown key {extra[0]!r}; allowed: schema, schema_version, config")
+        if "config" not in doc:
+            raise ValueError("missing key 'config'")
+        return cls.from_dict(doc["config"])
+
+
+def _check_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"LMSConfig.{name}={value!r}: must be an integer")
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write `text` to `path` via a temporary file in the same folder and a rename.
+
+    A reader never sees a half-written file; on failure the old file is untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path

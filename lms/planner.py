@@ -1,0 +1,296 @@
+"""`plan_swaps(graph, config) -> SwapPlan`: decide what to swap and when. No TensorFlow.
+
+Candidates (as in TFLMS): outputs of forward ops that backward ops read through
+a data edge. Shape-only readers (``Shape``, ``ShapeN``, ...) do not count.
+Skipped: tensors of rank <= 1 or unknown rank, empty tensors, outputs of cheap
+or stateful producers (`SKIPPED_PRODUCER_TYPES`), tensors outside
+``incl_scopes``/``incl_types`` (when given) or inside ``excl_scopes``/
+``excl_types``, and tensors also read by an op that is neither forward nor
+backward (e.g. a moving-average update): that reader would keep the device copy
+alive and swapping would only cost time.
+
+Order and ``n_tensors``: candidates are taken in the forward topological order,
+earliest first, and the first ``n_tensors`` that get a valid swap-in trigger are
+swapped (TFLMS did the same). Early activations are the ones held longest
+between forward and backward, so they are the best value per byte moved.
+
+Triggers (``ctrld_strategy``), for a swap-in serving consumers whose first is
+``c`` at level ``L``:
+- ``direct_order``: an op at level ``L - k`` of the whole graph's topological
+  levels, for the smallest ``k`` in ``[lb, ub]`` where a backward op exists
+  there; an ancestor of ``c`` is preferred (it surely runs before ``c``).
+- ``chain_rule``: follow backpropagation. From the producer ``f`` walk ``k``
+  levels forward in the forward graph to ops ``f'``; the gradient of ``f'`` is
+  computed before the gradient of ``f``, so a backward op computing it
+  (``Op.grad_of == f'``) triggers the swap-in. Smallest ``k`` in ``[lb, ub]``
+  with a valid such op; the latest of them is chosen. Unrelated ops that happen
+  to share a level cannot be picked. Falls back to ``direct_order`` (and says
+  so in ``SwapIn.strategy``) when it finds none.
+A trigger always has a lower level than ``c``, so it can never depend on
+``c``: no plan creates a cycle.
+
+``fuse_swapins``: consumers of one tensor whose levels are within ``lb`` of the
+previous consumer share one swap-in (its own swap-in would be triggered before
+the previous consumer runs, so the copies would coexist anyway).
+
+``swap_branches``: a forward tensor whose forward readers lie more than
+``branch_threshold`` levels after its producer (a long skip connection) is also
+swapped out, and those far readers get a swap-in triggered by a forward op
+``lb``..``ub`` levels before them. These are counted separately from
+``n_tensors``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from typing import Iterable, Iterator
+
+from .config import LMSConfig
+from .graph import Graph, Role
+from .plan import Skip, Swap, SwapIn, SwapPlan, swap_op_name
+
+__all__ = ["plan_swaps", "find_candidates", "SKIPPED_PRODUCER_TYPES"]
+
+log = logging.getLogger(__name__)
+
+# Producers whose outputs TFLMS never swapped: inputs, constants, variable reads,
+# views and cheap fills. Swapping them moves bytes for nothing.
+SKIPPED_PRODUCER_TYPES = frozenset({
+    "Const", "Identity", "IdentityN", "Reshape", "Shape", "ShapeN", "Size", "Rank",
+    "Placeholder", "PlaceholderWithDefault", "VarHandleOp", "ReadVariableOp",
+    "VarIsInitializedOp", "VariableShape", "Variable", "VariableV2", "Read",
+    "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "ResourceGather",
+    "Fill", "Range", "RandomUniform", "ZerosLike", "OnesLike", "StopGradient",
+    "Squeeze", "ExpandDims", "NoOp", "_Arg", "_Retval",
+})
+
+
+def find_candidates(graph: Graph, config: LMSConfig) -> tuple[list[str], list[Skip]]:
+    """Forward tensors read by backward ops that the config allows, in forward order.
+
+    Returns:
+        (candidate tensor names, skipped tensors with reasons).
+    """
+    candidates: list[str] = []
+    skipped: list[Skip] = []
+    for op_name in graph.topological_order:
+        op = graph.ops[op_name]
+        if op.role is not Role.FORWARD:
+            continue
+        for t in op.outputs:
+            readers = graph.data_consumers(t)
+            if not any(graph.ops[r].role is Role.BACKWARD for r in readers):
+                continue
+            reason = _rejection(graph, config, t, readers)
+            if reason:
+                skipped.append(Skip(t, reason))
+            else:
+                candidates.append(t)
+    return candidates, skipped
+
+
+def _rejection(graph: Graph, config: LMSConfig, tensor: str, readers: Iterable[str]) -> str:
+    op = graph.producer(tensor)
+    spec = graph.tensors[tensor]
+    if op.type in SKIPPED_PRODUCER_TYPES:
+        return f"producer type {op.type} is not worth swapping"
+    if spec.rank is None or spec.rank <= 1:
+        return "rank <= 1 or unknown rank"
+    if graph.tensor_bytes(tensor) == 0:
+        return "empty tensor"
+    if config.incl_scopes and not _in_scopes(op.name, config.incl_scopes):
+        return "not in incl_scopes"
+    if config.incl_types and op.type not in config.incl_types:
+        return "not in incl_types"
+    if _in_scopes(op.name, config.excl_scopes):
+        return "in excl_scopes"
+    if op.type in config.excl_types:
+        return "in excl_types"
+    for r in readers:
+        if graph.ops[r].role is Role.OTHER:
+            return f"also read by non-gradient op {r!r}, which keeps it on the device"
+    return ""
+
+
+def _in_scopes(name: str, scopes: Iterable[str]) -> bool:
+    return any(name == s.rstrip("/") or name.startswith(s.rstrip("/") + "/") for s in scopes)
+
+
+def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
+    """Plan swap-outs and swap-ins for `graph` under `config`.
+
+    Args:
+        graph: the training graph model (linted).
+        config: the LMS knobs.
+
+    Returns:
+        A `SwapPlan`; empty when ``config.n_tensors == 0``.
+    """
+    if not config.enabled:
+        return SwapPlan(config=config, graph_name=graph.name, batch_size=graph.batch_size)
+    candidates, skipped = find_candidates(graph, config)
+    swaps: dict[str, Swap] = {}
+    limit = len(candidates) if config.n_tensors < 0 else config.n_tensors
+    for t in candidates:
+        if len(swaps) >= limit:
+            skipped.append(Skip(t, f"beyond n_tensors={config.n_tensors}"))
+            continue
+        backward = [c for c in graph.data_consumers(t) if graph.ops[c].role is Role.BACKWARD]
+        swap_ins: list[SwapIn] = []
+        missing = 0
+        for i, group in enumerate(_group_consumers(graph, backward, config)):
+            trigger, distance, how = _find_trigger(graph, config, t, group[0], role=Role.BACKWARD)
+            if trigger is None:
+                missing += len(group)
+                continue
+            swap_ins.append(SwapIn(swap_op_name("swap_in", t, i), tuple(group), trigger, distance, how))
+        if not swap_ins:
+            skipped.append(Skip(t, f"no backward op {config.lb}..{config.ub} levels before its consumers"))
+            continue
+        swaps[t] = Swap(t, swap_op_name("swap_out", t), tuple(swap_ins), graph.tensor_bytes(t))
+    if config.swap_branches:
+        _add_branch_swaps(graph, config, swaps, skipped)
+    plan = SwapPlan(config=config, swaps=tuple(swaps.values()), skipped=tuple(skipped),
+                    n_candidates=len(candidates), graph_name=graph.name, batch_size=graph.batch_size)
+    log.debug("planned %d swaps (%d swap-ins) of %d candidates", plan.n_swapped, plan.n_swap_ins,
+              len(candidates))
+    return plan
+
+
+def _group_consumers(graph: Graph, consumers: list[str], config: LMSConfig) -> Iterator[list[str]]:
+    """Consumers sorted by level; fused: split where the gap to the previous exceeds lb."""
+    ordered = sorted(consumers, key=graph.levels.__getitem__)
+    if not config.fuse_swapins:
+        for c in ordered:
+            yield [c]
+        return
+    group: list[str] = []
+    for c in ordered:
+        if group and graph.levels[c] - graph.levels[group[-1]] > config.lb:
+            yield group
+            group = []
+        group.append(c)
+    if group:
+        yield group
+
+
+def _find_trigger(graph: Graph, config: LMSConfig, tensor: str, consumer: str, *,
+                  role: Role, floor: int = -1) -> tuple[str | None, int | None, str]:
+    """(trigger op, distance in levels, strategy used) for a swap-in before `consumer`.
+
+    Only ops of `role` with a level above `floor` are eligible.
+    """
+    if config.ctrld_strategy == "chain_rule" and role is Role.BACKWARD:
+        found = _chain_rule_trigger(graph, config, tensor, consumer)
+        if found is not None:
+            return found[0], found[1], "chain_rule"
+        trig, dist = _direct_order_trigger(graph, config, consumer, role=role, floor=floor)
+        return trig, dist, "direct_order (fallback)" if trig else ""
+    trig, dist = _direct_order_trigger(graph, config, consumer, role=role, floor=floor)
+    return trig, dist, "direct_order" if trig else ""
+
+
+def _direct_order_trigger(graph: Graph, config: LMSConfig, consumer: str, *, role: Role,
+                          floor: int) -> tuple[str | None, int | None]:
+    """An op `k` levels before `consumer`, smallest k in [lb, ub]; ancestors preferred."""
+    level = graph.levels[consumer]
+    for k in range(config.lb, config.ub + 1):
+        target = level - k
+        if target <= floor or target < 0:
+            break
+        at_level = [o for o in graph.ops_by_level.get(target, ()) if graph.ops[o].role is role]
+        if not at_level:
+            continue
+        for o in at_level:
+            if graph.is_ancestor(o, consumer):
+                return o, k
+        return at_level[0], k
+    return None, None
+
+
+def _chain_rule_trigger(graph: Graph, config: LMSConfig, tensor: str,
+                        consumer: str) -> tuple[str, int] | None:
+    """A gradient op of a forward op `k` forward levels after the producer, k in [lb, ub]."""
+    levels = graph.levels
+    limit = levels[consumer]
+    for k, fwd_ops in _forward_descendants_by_distance(graph, graph.producer(tensor).name, config.ub):
+        if k < config.lb:
+            continue
+        valid = [g for f in fwd_ops for g in graph.gradient_ops.get(f, ())
+                 if levels[g] < limit and g != consumer]
+        if not valid:
+            continue
+        ancestors = [g for g in valid if graph.is_ancestor(g, consumer)]
+        pick = max(ancestors or valid, key=lambda g: (levels[g], g))
+        return pick, limit - levels[pick]
+    return None
+
+
+def _forward_descendants_by_distance(graph: Graph, op: str, max_k: int) -> Iterator[tuple[int, list[str]]]:
+    """Yield (k, forward ops whose forward level is level(op) + k), k ascending, k >= 1."""
+    flevels = graph.forward_levels
+    base = flevels.get(op)
+    if base is None:
+        return
+    heap: list[tuple[int, str]] = []
+    seen = {op}
+    for s in graph.successors[op]:
+        if s in flevels and s not in seen:
+            seen.add(s)
+            heapq.heappush(heap, (flevels[s], s))
+    while heap:
+        k = heap[0][0] - base
+        if k > max_k:
+            return
+        bucket: list[str] = []
+        while heap and heap[0][0] - base == k:
+            _, cur = heapq.heappop(heap)
+            bucket.append(cur)
+            for s in graph.successors[cur]:
+                if s in flevels and s not in seen:
+                    seen.add(s)
+                    heapq.heappush(heap, (flevels[s], s))
+        yield k, bucket
+
+
+def _add_branch_swaps(graph: Graph, config: LMSConfig, swaps: dict[str, Swap], skipped: list[Skip]) -> None:
+    """Swap forward tensors across long forward gaps (see module docstring)."""
+    levels = graph.levels
+    for op_name in graph.topological_order:
+        op = graph.ops[op_name]
+        if op.role is not Role.FORWARD or op.type in SKIPPED_PRODUCER_TYPES:
+            continue
+        for t in op.outputs:
+            spec = graph.tensors[t]
+            if spec.rank is None or spec.rank <= 1 or graph.tensor_bytes(t) == 0:
+                continue
+            if _rejection(graph, config, t, graph.data_consumers(t)):
+                continue
+            forward = sorted((c for c in graph.data_consumers(t) if graph.ops[c].role is Role.FORWARD),
+                             key=levels.__getitem__)
+            far = [c for c in forward if levels[c] - levels[op_name] > config.branch_threshold]
+            near = [c for c in forward if c not in far]
+            if not far or not near:
+                # all readers far: the tensor is simply produced early; nothing stays resident
+                # between a near reader and the far ones, so there is no gap to exploit.
+                continue
+            floor = max(levels[c] for c in near)
+            existing = swaps.get(t)
+            offset = len(existing.swap_ins) if existing else 0
+            new_ins: list[SwapIn] = []
+            for i, group in enumerate(_group_consumers(graph, far, config)):
+                trig, dist, how = _find_trigger(graph, config, t, group[0], role=Role.FORWARD, floor=floor)
+                if trig is None:
+                    continue
+                new_ins.append(SwapIn(swap_op_name("swap_in", t, offset + i), tuple(group), trig, dist, how))
+            if not new_ins:
+                skipped.append(Skip(t, f"branch: no forward op {config.lb}..{config.ub} levels before "
+                                       f"its far readers after its near ones"))
+                continue
+            if existing:
+                swaps[t] = Swap(t, existing.swap_out, existing.swap_ins + tuple(new_ins), existing.nbytes,
+                                kind="backward+branch")
+            else:
+                swaps[t] = Swap(t, swap_op_name("swap_out", t), tuple(new_ins), graph.tensor_bytes(t),
+                                kind="branch")
