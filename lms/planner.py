@@ -19,9 +19,10 @@ Triggers (``ctrld_strategy``), for a swap-in serving consumers whose first is
 - ``direct_order``: an op at level ``L - k`` of the whole graph's topological
   levels, for the smallest ``k`` in ``[lb, ub]`` where a backward op exists
   there; an ancestor of ``c`` is preferred (it surely runs before ``c``).
-- ``chain_rule``: follow backpropagation. From the producer ``f`` walk ``k``
-  levels forward in the forward graph to ops ``f'``; the gradient of ``f'`` is
-  computed before the gradient of ``f``, so a backward op computing it
+- ``chain_rule``: follow backpropagation. Let ``f`` be the forward op whose
+  gradient ``c`` computes (``c.grad_of``; the tensor's producer if unknown).
+  Walk ``k`` levels forward in the forward graph to ops ``f'``; the gradient of
+  ``f'`` is computed before the gradient of ``f``, so a backward op computing it
   (``Op.grad_of == f'``) triggers the swap-in. Smallest ``k`` in ``[lb, ub]``
   with a valid such op; the latest of them is chosen. Unrelated ops that happen
   to share a level cannot be picked. Falls back to ``direct_order`` (and says
@@ -138,11 +139,9 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
             continue
         backward = [c for c in graph.data_consumers(t) if graph.ops[c].role is Role.BACKWARD]
         swap_ins: list[SwapIn] = []
-        missing = 0
         for i, group in enumerate(_group_consumers(graph, backward, config)):
             trigger, distance, how = _find_trigger(graph, config, t, group[0], role=Role.BACKWARD)
-            if trigger is None:
-                missing += len(group)
+            if trigger is None:  # these readers keep reading the device copy
                 continue
             swap_ins.append(SwapIn(swap_op_name("swap_in", t, i), tuple(group), trigger, distance, how))
         if not swap_ins:
@@ -214,7 +213,13 @@ def _chain_rule_trigger(graph: Graph, config: LMSConfig, tensor: str,
     """A gradient op of a forward op `k` forward levels after the producer, k in [lb, ub]."""
     levels = graph.levels
     limit = levels[consumer]
-    for k, fwd_ops in _forward_descendants_by_distance(graph, graph.producer(tensor).name, config.ub):
+    # Distances count from the forward op whose gradient the consumer computes (the
+    # producer if unknown): gradients of ops k forward levels after it run about k
+    # backward levels before the consumer.
+    start = graph.ops[consumer].grad_of
+    if start is None or start not in graph.forward_levels:
+        start = graph.producer(tensor).name
+    for k, fwd_ops in _forward_descendants_by_distance(graph, start, config.ub):
         if k < config.lb:
             continue
         valid = [g for f in fwd_ops for g in graph.gradient_ops.get(f, ())

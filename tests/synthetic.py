@@ -1,0 +1,78 @@
+"""Synthetic training graphs for planner/simulator tests (no TensorFlow).
+
+`training_graph` takes a forward graph (name, type, inputs) and adds what
+autodiff would: a loss, and per forward op a gradient op that reads the
+incoming gradient(s) and the op's saved inputs, named ``gradient_tape/<op>/Grad``
+with ``grad_of`` set, plus ``AddN`` where a tensor has several readers.
+"""
+
+from __future__ import annotations
+
+from lms.graph import Graph, GraphBuilder, Role
+
+MiB = 1 << 20
+
+
+def training_graph(forward: list[tuple[str, str, tuple[str, ...]]], *, per_sample_bytes: int = MiB,
+                   batch_size: int = 4, name: str = "synthetic") -> Graph:
+    b = GraphBuilder(batch_size=batch_size, name=name)
+    b.op("x", "Placeholder", per_sample_bytes=per_sample_bytes)
+    readers: dict[str, list[tuple[str, int]]] = {"x": []}
+    for op, typ, inputs in forward:
+        b.op(op, typ, *(f"{i}:0" for i in inputs), per_sample_bytes=per_sample_bytes)
+        readers[op] = []
+        for k, i in enumerate(inputs):
+            readers[i].append((op, k))
+    last = forward[-1][0]
+    b.op("loss", "Sum", f"{last}:0", shape=(), fixed_bytes=4)
+    readers[last].append(("loss", 0))
+    b.op("gradient_tape/loss/Fill", "Fill", "loss:0", role=Role.BACKWARD, grad_of="loss",
+         per_sample_bytes=per_sample_bytes)
+    grad_out = {"loss": "gradient_tape/loss/Fill"}  # op -> grad op (one output per input)
+
+    def grad_of_tensor(op: str) -> str:
+        parts = [f"{grad_out[c]}:{k}" for c, k in readers[op]]
+        if len(parts) == 1:
+            return parts[0]
+        return b.op(f"gradient_tape/{op}/AddN", "AddN", *parts, role=Role.BACKWARD, grad_of=op,
+                    per_sample_bytes=per_sample_bytes)
+
+    for op, typ, inputs in reversed(forward):
+        saved = tuple(f"{i}:0" for i in inputs if i != "x") or ("x:0",)
+        name_ = f"gradient_tape/{op}/Grad"
+        b.op(name_, f"{typ}Grad", grad_of_tensor(op), *saved, role=Role.BACKWARD, grad_of=op,
+             per_sample_bytes=per_sample_bytes, n_outputs=len(inputs))
+        grad_out[op] = name_
+    return b.build()
+
+
+def chain(n: int, **kw) -> Graph:
+    fwd = [("f0", "Relu", ("x",))] + [(f"f{i}", "Relu", (f"f{i-1}",)) for i in range(1, n)]
+    return training_graph(fwd, name=f"chain{n}", **kw)
+
+
+def diamond(**kw) -> Graph:
+    fwd = [("a", "Conv2D", ("x",)), ("b", "Relu", ("a",)), ("c", "Tanh", ("a",)),
+           ("d", "AddV2", ("b", "c")), ("e", "Relu", ("d",))]
+    return training_graph(fwd, name="diamond", **kw)
+
+
+def residual(blocks: int, **kw) -> Graph:
+    """`blocks` residual blocks: in -> conv1 -> relu1 -> conv2 -> add(conv2, in) -> relu."""
+    fwd = [("stem", "Conv2D", ("x",))]
+    prev = "stem"
+    for i in range(blocks):
+        p = f"block{i}"
+        fwd += [(f"{p}/conv1", "Conv2D", (prev,)), (f"{p}/relu1", "Relu", (f"{p}/conv1",)),
+                (f"{p}/conv2", "Conv2D", (f"{p}/relu1",)), (f"{p}/add", "AddV2", (f"{p}/conv2", prev)),
+                (f"{p}/out", "Relu", (f"{p}/add",))]
+        prev = f"{p}/out"
+    return training_graph(fwd, name=f"residual{blocks}", **kw)
+
+
+def long_skip(depth: int, **kw) -> Graph:
+    """A U-Net-like skip: `enc` is read right away and again `depth` levels later."""
+    fwd = [("enc", "Conv2D", ("x",)), ("m0", "Relu", ("enc",))]
+    fwd += [(f"m{i}", "Relu", (f"m{i-1}",)) for i in range(1, depth)]
+    fwd += [("dec", "AddV2", (f"m{depth-1}", "enc")), ("out", "Relu", ("dec",))]
+    return training_graph(fwd, name=f"long_skip{depth}", **kw)

@@ -1,0 +1,88 @@
+import json
+
+import pytest
+
+from lms import LMSConfig
+
+
+def test_defaults_match_tflms_v1():
+    c = LMSConfig()
+    assert (c.n_tensors, c.lb, c.ub, c.fuse_swapins, c.ctrld_strategy, c.swap_branches,
+            c.branch_threshold) == (-1, 1, 10000, False, "chain_rule", False, 0)
+    assert c.incl_scopes == () and c.excl_types == ()
+    assert c.enabled and not LMSConfig(n_tensors=0).enabled
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"lb": 5, "ub": 4}, "lb=5 > ub=4"),
+    ({"n_tensors": -2}, "n_tensors=-2"),
+    ({"ctrld_strategy": "greedy"}, "'chain_rule', 'direct_order'"),
+    ({"lb": 0}, "lb=0"),
+    ({"ub": 0}, "ub=0"),
+    ({"branch_threshold": -1}, "branch_threshold=-1"),
+    ({"lb": 1.5}, "lb=1.5: must be an integer"),
+    ({"n_tensors": True}, "n_tensors=True: must be an integer"),
+    ({"fuse_swapins": 1}, "fuse_swapins=1"),
+    ({"incl_scopes": "conv1"}, "incl_scopes='conv1'"),
+    ({"excl_types": ("",)}, "excl_types contains ''"),
+])
+def test_invalid_values_name_the_field(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        LMSConfig(**kwargs)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_round_trip_through_file(tmp_path):
+    c = LMSConfig(n_tensors=100, lb=5, ub=20, fuse_swapins=True, ctrld_strategy="direct_order",
+                  swap_branches=True, branch_threshold=20, excl_scopes=["head"], incl_types=("Relu",))
+    assert c.excl_scopes == ("head",)
+    path = c.save(tmp_path / "cfg.json")
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == "lms.config" and doc["schema_version"] == 1
+    assert doc["config"]["excl_scopes"] == ["head"]
+    assert LMSConfig.load(path) == c
+    assert LMSConfig.from_dict(c.to_dict()) == c
+    assert list(tmp_path.iterdir()) == [path]  # no temp file left behind
+
+
+def test_load_reads_a_recommendation(tmp_path):
+    doc = {"schema": "tuner.recommendation", "schema_version": 1, "batch_size": 64,
+           "throughput": 12.5, "config": {"n_tensors": 10, "lb": 3}}
+    (tmp_path / "recommended.json").write_text(json.dumps(doc))
+    assert LMSConfig.load(tmp_path / "recommended.json") == LMSConfig(n_tensors=10, lb=3)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"schema": "lms.config", "schema_version": 1, "config": {"n_tensors": 3', "not valid JSON"),
+    ('[1, 2]', "expected a JSON object"),
+    ('{"schema": "other", "schema_version": 1, "config": {}}', "key 'schema'='other'"),
+    ('{"schema": "lms.config", "schema_version": 7, "config": {}}', "key 'schema_version'=7"),
+    ('{"schema": "lms.config", "schema_version": 1}', "missing key 'config'"),
+    ('{"schema": "lms.config", "schema_version": 1, "config": {"lbb": 3}}', "unknown LMS config key 'lbb'"),
+    ('{"schema": "lms.config", "schema_version": 1, "config": {"lb": "3"}}', "'3': must be an integer"),
+    ('{"schema": "lms.config", "schema_version": 1, "config": {"fuse_swapins": "yes"}}',
+     "'fuse_swapins'='yes': must be true or false"),
+    ('{"schema": "lms.config", "schema_version": 1, "config": {"excl_scopes": "a"}}',
+     "'excl_scopes'='a': must be a list of strings"),
+    ('{"schema": "lms.config", "schema_version": 1, "config": {"lb": 9, "ub": 2}}', "lb=9 > ub=2"),
+    ('{"schema": "lms.config", "schema_version": 1, "extra": 1, "config": {}}', "unknown key 'extra'"),
+])
+def test_bad_files_give_one_line_errors(tmp_path, text, message):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ValueError) as err:
+        LMSConfig.load(path)
+    assert message in str(err.value), str(err.value)
+    assert str(path) in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_file_is_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        LMSConfig.load(tmp_path / "nope.json")
+
+
+def test_replace_validates():
+    with pytest.raises(ValueError, match="lb=50 > ub=10"):
+        LMSConfig(ub=10).replace(lb=50)
