@@ -209,6 +209,12 @@ def _check_int(name: str, value: Any) -> None:
         raise ValueError(f"LMSConfig.{name}={value!r}: must be an integer")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write `text` to `path` via a temporary file in the same folder and a rename.
 
@@ -218,6 +224,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()

@@ -86,3 +86,13 @@ def test_missing_file_is_file_not_found(tmp_path):
 def test_replace_validates():
     with pytest.raises(ValueError, match="lb=50 > ub=10"):
         LMSConfig(ub=10).replace(lb=50)
+
+
+def test_saved_file_has_the_usual_mode(tmp_path):
+    import os
+    mask = os.umask(0o022)
+    try:
+        path = LMSConfig().save(tmp_path / "c.json")
+    finally:
+        os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o644
