@@ -262,6 +262,37 @@ class Graph:
         return level
 
     @cached_property
+    def loss_op(self) -> str | None:
+        """The forward op with the highest level: the loss, which every forward op feeds."""
+        forward = self.forward_levels
+        if not forward:
+            return None
+        return max(forward, key=lambda n: (self.levels[n], -self._position[n]))
+
+    @cached_property
+    def after_loss(self) -> frozenset[str]:
+        """Ops that depend on the loss: they surely run after the whole forward pass.
+
+        Backward ops that do not (gradient constants, shape computations) may run
+        at any time, so they are no use as swap-in triggers.
+        """
+        if self.loss_op is None:
+            return frozenset()
+        seen = {self.loss_op}
+        stack = [self.loss_op]
+        while stack:
+            for s in self.successors[stack.pop()]:
+                if s not in seen:
+                    seen.add(s)
+                    stack.append(s)
+        seen.discard(self.loss_op)
+        return frozenset(seen)
+
+    @cached_property
+    def _position(self) -> Mapping[str, int]:
+        return {name: i for i, name in enumerate(self.ops)}
+
+    @cached_property
     def gradient_ops(self) -> Mapping[str, tuple[str, ...]]:
         """Forward op name -> backward ops whose `grad_of` names it."""
         grads: dict[str, list[str]] = {}

@@ -27,8 +27,10 @@ Triggers (``ctrld_strategy``), for a swap-in serving consumers whose first is
   with a valid such op; the latest of them is chosen. Unrelated ops that happen
   to share a level cannot be picked. Falls back to ``direct_order`` (and says
   so in ``SwapIn.strategy``) when it finds none.
-A trigger always has a lower level than ``c``, so it can never depend on
-``c``: no plan creates a cycle.
+A backward trigger must depend on the loss (gradient constants and shape
+computations have low levels but may run during the forward pass). A trigger
+always has a lower level than ``c``, so it can never depend on ``c``: no plan
+creates a cycle.
 
 ``fuse_swapins``: consumers of one tensor whose levels are within ``lb`` of the
 previous consumer share one swap-in (its own swap-in would be triggered before
@@ -198,7 +200,7 @@ def _direct_order_trigger(graph: Graph, config: LMSConfig, consumer: str, *, rol
         target = level - k
         if target <= floor or target < 0:
             break
-        at_level = [o for o in graph.ops_by_level.get(target, ()) if graph.ops[o].role is role]
+        at_level = [o for o in graph.ops_by_level.get(target, ()) if _eligible(graph, o, role)]
         if not at_level:
             continue
         for o in at_level:
@@ -206,6 +208,18 @@ def _direct_order_trigger(graph: Graph, config: LMSConfig, consumer: str, *, rol
                 return o, k
         return at_level[0], k
     return None, None
+
+
+def _eligible(graph: Graph, op: str, role: Role) -> bool:
+    """Can `op` trigger a swap-in for a reader of `role`?
+
+    Backward triggers must depend on the loss: a gradient constant or shape
+    computation has a low level but may run during the forward pass, which
+    would bring the tensor back while its original is still alive.
+    """
+    if graph.ops[op].role is not role:
+        return False
+    return role is not Role.BACKWARD or op in graph.after_loss
 
 
 def _chain_rule_trigger(graph: Graph, config: LMSConfig, tensor: str,
@@ -223,7 +237,7 @@ def _chain_rule_trigger(graph: Graph, config: LMSConfig, tensor: str,
         if k < config.lb:
             continue
         valid = [g for f in fwd_ops for g in graph.gradient_ops.get(f, ())
-                 if levels[g] < limit and g != consumer]
+                 if levels[g] < limit and g != consumer and _eligible(graph, g, Role.BACKWARD)]
         if not valid:
             continue
         ancestors = [g for g in valid if graph.is_ancestor(g, consumer)]
