@@ -262,33 +262,6 @@ class Graph:
         return level
 
     @cached_property
-    def loss_op(self) -> str | None:
-        """The forward op with the highest level: the loss, which every forward op feeds."""
-        forward = self.forward_levels
-        if not forward:
-            return None
-        return max(forward, key=lambda n: (self.levels[n], -self._position[n]))
-
-    @cached_property
-    def after_loss(self) -> frozenset[str]:
-        """Ops that depend on the loss: they surely run after the whole forward pass.
-
-        Backward ops that do not (gradient constants, shape computations) may run
-        at any time, so they are no use as swap-in triggers.
-        """
-        if self.loss_op is None:
-            return frozenset()
-        seen = {self.loss_op}
-        stack = [self.loss_op]
-        while stack:
-            for s in self.successors[stack.pop()]:
-                if s not in seen:
-                    seen.add(s)
-                    stack.append(s)
-        seen.discard(self.loss_op)
-        return frozenset(seen)
-
-    @cached_property
     def _position(self) -> Mapping[str, int]:
         return {name: i for i, name in enumerate(self.ops)}
 
@@ -307,29 +280,28 @@ class Graph:
     def tensor_bytes(self, tensor: str, batch: int | None = None) -> int:
         return self.tensors[tensor].nbytes(self.batch_size if batch is None else batch)
 
-    def is_ancestor(self, ancestor: str, op: str) -> bool:
-        """True if there is a path `ancestor` -> ... -> `op`.
+    @cached_property
+    def _descendants(self) -> Mapping[str, int]:
+        """Each op's descendants as a bitset over creation positions (one reverse walk)."""
+        pos = self._position
+        desc: dict[str, int] = {}
+        for name in reversed(self.topological_order):
+            bits = 0
+            for s in self.successors[name]:
+                bits |= desc[s] | (1 << pos[s])
+            desc[name] = bits
+        return desc
 
-        Searches backwards from `op`, pruning ops whose level is not above
-        ``level(ancestor)`` (no path can pass through them).
+    def is_ancestor(self, ancestor: str, op: str) -> bool:
+        """True if there is a path `ancestor` -> ... -> `op` (or they are the same op).
+
+        O(1) after a one-off reachability pass over the graph.
         """
         if ancestor == op:
             return True
-        levels = self.levels
-        floor = levels[ancestor]
-        if levels[op] <= floor:
+        if self.levels[op] <= self.levels[ancestor]:
             return False
-        seen = {op}
-        stack = [op]
-        while stack:
-            cur = stack.pop()
-            for p in self.predecessors(cur):
-                if p == ancestor:
-                    return True
-                if p not in seen and levels.get(p, -1) > floor:
-                    seen.add(p)
-                    stack.append(p)
-        return False
+        return bool((self._descendants[ancestor] >> self._position[op]) & 1)
 
     # ---- lint --------------------------------------------------------------------
     def lint(self) -> None:

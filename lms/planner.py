@@ -27,7 +27,8 @@ Triggers (``ctrld_strategy``), for a swap-in serving consumers whose first is
   with a valid such op; the latest of them is chosen. Unrelated ops that happen
   to share a level cannot be picked. Falls back to ``direct_order`` (and says
   so in ``SwapIn.strategy``) when it finds none.
-A backward trigger must depend on the loss (gradient constants and shape
+A backward trigger must depend on every forward reader of the tensor, so it
+surely runs after the tensor's forward use (gradient constants and shape
 computations have low levels but may run during the forward pass). A trigger
 always has a lower level than ``c``, so it can never depend on ``c``: no plan
 creates a cycle.
@@ -186,13 +187,13 @@ def _find_trigger(graph: Graph, config: LMSConfig, tensor: str, consumer: str, *
         found = _chain_rule_trigger(graph, config, tensor, consumer)
         if found is not None:
             return found[0], found[1], "chain_rule"
-        trig, dist = _direct_order_trigger(graph, config, consumer, role=role, floor=floor)
+        trig, dist = _direct_order_trigger(graph, config, tensor, consumer, role=role, floor=floor)
         return trig, dist, "direct_order (fallback)" if trig else ""
-    trig, dist = _direct_order_trigger(graph, config, consumer, role=role, floor=floor)
+    trig, dist = _direct_order_trigger(graph, config, tensor, consumer, role=role, floor=floor)
     return trig, dist, "direct_order" if trig else ""
 
 
-def _direct_order_trigger(graph: Graph, config: LMSConfig, consumer: str, *, role: Role,
+def _direct_order_trigger(graph: Graph, config: LMSConfig, tensor: str, consumer: str, *, role: Role,
                           floor: int) -> tuple[str | None, int | None]:
     """An op `k` levels before `consumer`, smallest k in [lb, ub]; ancestors preferred."""
     level = graph.levels[consumer]
@@ -200,7 +201,7 @@ def _direct_order_trigger(graph: Graph, config: LMSConfig, consumer: str, *, rol
         target = level - k
         if target <= floor or target < 0:
             break
-        at_level = [o for o in graph.ops_by_level.get(target, ()) if _eligible(graph, o, role)]
+        at_level = [o for o in graph.ops_by_level.get(target, ()) if _eligible(graph, o, role, tensor)]
         if not at_level:
             continue
         for o in at_level:
@@ -210,16 +211,20 @@ def _direct_order_trigger(graph: Graph, config: LMSConfig, consumer: str, *, rol
     return None, None
 
 
-def _eligible(graph: Graph, op: str, role: Role) -> bool:
-    """Can `op` trigger a swap-in for a reader of `role`?
+def _eligible(graph: Graph, op: str, role: Role, tensor: str) -> bool:
+    """Can `op` trigger a swap-in of `tensor` for a reader of `role`?
 
-    Backward triggers must depend on the loss: a gradient constant or shape
-    computation has a low level but may run during the forward pass, which
-    would bring the tensor back while its original is still alive.
+    A backward trigger must depend on every forward reader of the tensor: a
+    gradient constant or shape computation has a low level but may run during
+    the forward pass, which would bring the tensor back while its original is
+    still alive (seen on TF graphs: emulated peak above no LMS).
     """
     if graph.ops[op].role is not role:
         return False
-    return role is not Role.BACKWARD or op in graph.after_loss
+    if role is not Role.BACKWARD:
+        return True
+    return all(graph.is_ancestor(r, op) for r in graph.data_consumers(tensor)
+               if graph.ops[r].role is Role.FORWARD)
 
 
 def _chain_rule_trigger(graph: Graph, config: LMSConfig, tensor: str,
@@ -237,7 +242,7 @@ def _chain_rule_trigger(graph: Graph, config: LMSConfig, tensor: str,
         if k < config.lb:
             continue
         valid = [g for f in fwd_ops for g in graph.gradient_ops.get(f, ())
-                 if levels[g] < limit and g != consumer and _eligible(graph, g, Role.BACKWARD)]
+                 if levels[g] < limit and g != consumer and _eligible(graph, g, Role.BACKWARD, tensor)]
         if not valid:
             continue
         ancestors = [g for g in valid if graph.is_ancestor(g, consumer)]
