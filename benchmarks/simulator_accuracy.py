@@ -1,0 +1,362 @@
+"""Simulator accuracy: measured TensorFlow CPU peaks (BFC allocator) versus simulated peaks.
+
+Each measurement runs in a fresh subprocess (``--child``) with
+``TF_CPU_ALLOCATOR_USE_BFC=true`` (byte-exact ``get_memory_info``) and
+``TF_ENABLE_ONEDNN_OPTS=0`` set before TensorFlow is imported: oneDNN would fuse
+ops on CPU and hide small allocations from the statistics, so the executed
+graph would differ from the traced one the simulator reads. Grappler's
+default optimisations stay on (they are what users run).
+
+The child traces the step, writes the graph model (JSON, gzip) and the
+measured peak after warm-up; the parent (no TensorFlow) simulates the same
+graph and plan and compares. Results are cached per case, so a re-run only
+re-simulates (``--remeasure`` to measure again).
+
+    .venv/bin/python benchmarks/simulator_accuracy.py            # all cases
+    .venv/bin/python benchmarks/simulator_accuracy.py --quick    # small models only
+
+Writes benchmarks/results/simulator_accuracy.json and prints a table plus the
+simulator's own speed on ResNet-50 (one simulation, one max_batch search).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lms import LMSConfig, plan_swaps  # noqa: E402
+from lms.plan import Swap, SwapIn, SwapPlan  # noqa: E402
+from lms.config import atomic_write_text  # noqa: E402
+from lms.graph import Graph  # noqa: E402
+from lms.simulator import NO_TEMPORARIES, max_batch, simulate  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lms" / "simulator_accuracy"
+MiB = 1 << 20
+
+# (model, options, batches): no-swap peaks, target |error| <= 5%.
+NO_SWAP_CASES: list[tuple[str, dict[str, Any], tuple[int, ...]]] = [
+    ("mlp", {"input_dim": 1024, "hidden": 2048, "n_layers": 3}, (32, 128, 512)),
+    ("cnn_bn", {"image_size": 64, "filters": 32}, (4, 16, 32)),
+    ("resnet50", {"image_size": 224}, (2, 4, 8)),
+]
+# (model, options, batch, config): emulated-swap peaks, target |error| <= 10%.
+SWAP_CASES: list[tuple[str, dict[str, Any], int, dict[str, Any]]] = [
+    ("cnn_bn", {"image_size": 64, "filters": 32}, 16, {"n_tensors": -1, "lb": 1}),
+    ("cnn_bn", {"image_size": 64, "filters": 32}, 16, {"n_tensors": 4, "lb": 1}),
+    ("cnn_bn", {"image_size": 64, "filters": 32}, 16, {"n_tensors": -1, "lb": 3}),
+    ("cnn_bn", {"image_size": 64, "filters": 32}, 16, {"n_tensors": -1, "lb": 2, "fuse_swapins": True}),
+    ("residual", {"image_size": 64, "filters": 32, "n_blocks": 4}, 16, {"n_tensors": -1, "lb": 1}),
+    ("residual", {"image_size": 64, "filters": 32, "n_blocks": 4}, 16, {"n_tensors": 10, "lb": 2}),
+    ("residual", {"image_size": 64, "filters": 32, "n_blocks": 4}, 16,
+     {"n_tensors": -1, "lb": 1, "ctrld_strategy": "direct_order"}),
+    ("residual", {"image_size": 64, "filters": 32, "n_blocks": 4}, 16,
+     {"n_tensors": -1, "lb": 2, "swap_branches": True, "branch_threshold": 3}),
+    ("resnet50", {"image_size": 224}, 4, {"n_tensors": -1, "lb": 1}),
+    ("resnet50", {"image_size": 224}, 4, {"n_tensors": 100, "lb": 5}),
+    ("resnet50", {"image_size": 224}, 4, {"n_tensors": 30, "lb": 3, "fuse_swapins": True}),
+    ("cnn_bn", {"image_size": 64, "filters": 32}, 16, {"n_tensors": 6, "lb": 2, "ctrld_strategy": "direct_order"}),
+    ("residual", {"image_size": 64, "filters": 32, "n_blocks": 4}, 16, {"n_tensors": -1, "lb": 3, "fuse_swapins": True}),
+]
+QUICK_MODELS = ("mlp", "cnn_bn", "residual")
+
+
+# ---- child: one measurement in a fresh process (imports TensorFlow) ---------------------------
+def child(spec: dict[str, Any], out: Path) -> None:
+    os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+    os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    if spec.get("inter_op"):
+        tf.config.threading.set_inter_op_parallelism_threads(spec["inter_op"])
+
+    import lms
+    from lms.tf.extract import trace_train_step
+    from lms.tf.measure import measure_step
+    from lms.tf.train import make_train_step
+    from tuner.models import load_workload
+
+    if spec.get("planner_rev"):  # plans made by the planner of an older revision (see --planner-rev)
+        import lms.tf.function
+        lms.tf.function.plan_swaps = planner_at(spec["planner_rev"]).plan_swaps
+    w = load_workload(spec["model"], **spec["options"])
+    model = w.build_model()
+    optimizer = w.make_optimizer()
+    x, y = w.make_batch(spec["batch"], seed=0)
+    x, y = tf.constant(x), tf.constant(y)
+    t0 = time.perf_counter()
+    if spec["config"] is None:
+        graph, step = trace_train_step(model, w.loss_fn, optimizer, w.x_spec(), w.y_spec(),
+                                       batch_size=spec["batch"], name=w.name)
+        plan_summary = None
+    else:
+        step = lms.function(make_train_step(model, w.loss_fn, optimizer),
+                            config=LMSConfig.from_dict(spec["config"]), emulate=True,
+                            input_signature=[w.x_spec(), w.y_spec()])
+        step.get_concrete_function(w.x_spec(), w.y_spec())
+        graph = step.graph
+        plan_summary = step.plan.summary()  # the plan applied, whatever the planner of the day
+    trace_s = time.perf_counter() - t0
+    m = measure_step(step, (x, y), warmup=2, steps=3, device="CPU:0")
+    graph_path = out.with_suffix(".graph.json.gz")
+    with gzip.open(graph_path, "wt", encoding="utf-8") as fh:
+        json.dump(graph.to_dict(), fh)
+    result = {"spec": spec, "measured_peak_bytes": m.peak_device_bytes,
+              "baseline_bytes": m.baseline_device_bytes, "median_step_s": m.median_step_s,
+              "trace_s": trace_s, "graph": graph_path.name, "plan": plan_summary,
+              "tf_version": tf.__version__, "peak_source": m.peak_source}
+    atomic_write_text(out, json.dumps(result, indent=1))
+
+
+def planner_at(rev: str) -> Any:
+    """`lms.planner` as of git revision `rev` (to reproduce or make plans with an older planner)."""
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:lms/planner.py"], capture_output=True,
+                         text=True, check=True).stdout
+    module = types.ModuleType(f"lms._planner_{rev}")
+    module.__package__ = "lms"
+    exec(compile(src, f"lms/planner.py@{rev}", "exec"), module.__dict__)  # noqa: S102 - our own repository
+    return module
+
+
+# ---- parent: measure (cached), simulate, compare -------------------------------------------
+def _key(spec: dict[str, Any]) -> str:
+    return hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def measure(spec: dict[str, Any], cache: Path, *, remeasure: bool, timeout: float) -> dict[str, Any] | None:
+    out = cache / f"{spec['model']}-b{spec['batch']}-{_key(spec)}.json"
+    if out.exists() and not remeasure:
+        record = json.loads(out.read_text())
+        if spec["config"] is None or "swapped" in (record.get("plan") or {}) or \
+                (record.get("plan") or {}).get("n_swapped"):
+            return record
+    cache.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_ENABLE_ONEDNN_OPTS="0",
+               TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, __file__, "--child", json.dumps(spec), str(out)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0 or not out.exists():
+        print(f"  measurement failed ({spec}):\n{proc.stderr[-2000:]}", file=sys.stderr)
+        return None
+    print(f"  measured {spec['model']} batch {spec['batch']} config {spec['config']} "
+          f"in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return json.loads(out.read_text())
+
+
+def load_graph(cache: Path, record: dict[str, Any]) -> Graph:
+    with gzip.open(cache / record["graph"], "rt", encoding="utf-8") as fh:
+        return Graph.from_dict(json.load(fh))
+
+
+def plan_from_summary(summary: dict[str, Any]) -> SwapPlan:
+    """The `SwapPlan` a child applied, rebuilt from its `SwapPlan.summary()`."""
+    swaps = tuple(
+        Swap(tensor=s["tensor"], swap_out=s["swap_out"], nbytes=s["bytes"], kind=s["kind"],
+             swap_ins=tuple(SwapIn(i["name"], tuple(i["consumers"]), i["trigger"], i["distance"], i["strategy"])
+                            for i in s["swap_ins"]))
+        for s in summary["swapped"])
+    return SwapPlan(config=LMSConfig.from_dict(summary["config"]), swaps=swaps,
+                    n_candidates=summary["n_candidates"], batch_size=summary["batch_size"])
+
+
+# Records measured before plans were stored in full: the planner that made them.
+LEGACY_PLANNER_REV = "187aa8a"
+
+
+def applied_plan(record: dict[str, Any], graph: Graph) -> SwapPlan | None:
+    """The plan the child applied: stored in full, or re-made by the planner of that time (counts checked)."""
+    summary = record["plan"]
+    if summary is None:
+        return None
+    if "swapped" in summary:
+        return plan_from_summary(summary)
+    plan = planner_at(LEGACY_PLANNER_REV).plan_swaps(graph, LMSConfig.from_dict(record["spec"]["config"]))
+    if (plan.n_swapped, plan.n_swap_ins) != (summary["n_swapped"], summary["n_swap_ins"]):
+        raise ValueError(f"cannot reproduce the plan of {record['spec']}")
+    return plan
+
+
+def compare(record: dict[str, Any], graph: Graph) -> dict[str, Any]:
+    spec = record["spec"]
+    plan = applied_plan(record, graph) if spec["config"] else None
+    if plan is not None:
+        plan.validate(graph)
+    batch = spec["batch"]
+    measured = record["measured_peak_bytes"]
+    row: dict[str, Any] = {"model": spec["model"], "options": spec["options"], "batch": batch,
+                           "config": spec["config"], "inter_op_threads": spec.get("inter_op") or "default",
+                           "measured_peak_bytes": measured,
+                           "n_swapped": plan.n_swapped if plan else 0}
+    variants = {
+        "simulated": dict(device="cpu"),
+        "bfc": dict(device="cpu", allocator="bfc"),
+        "fifo": dict(device="cpu", order="fifo"),
+        "liveness": dict(device="cpu", temporaries=NO_TEMPORARIES),
+    }
+    for label, kw in variants.items():
+        r = simulate(graph, plan, batch=batch, timeline=False, **kw)
+        row[f"{label}_peak_bytes"] = r.peak_device_bytes
+        row[f"{label}_error"] = (r.peak_device_bytes - measured) / measured
+        if label == "simulated":
+            row["peak_op"] = r.peak_op
+            row["resident_bytes"] = r.resident_bytes
+            row["peak_temporary_bytes"] = r.peak_temporary_bytes
+    row["measured_baseline_bytes"] = record["baseline_bytes"]
+    return row
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts within target, per simulated variant, over the one-thread measurements."""
+    primary = [r for r in rows if r["inter_op_threads"] == 1]
+    out: dict[str, Any] = {}
+    for kind, cases, target in (("no_swap", [r for r in primary if r["config"] is None], 0.05),
+                                ("swap", [r for r in primary if r["config"] is not None and r["n_swapped"]],
+                                 0.10)):
+        out[f"{kind}_cases"] = len(cases)
+        out[f"{kind}_target"] = target
+        for variant in ("bfc", "simulated"):
+            errors = [abs(r[f"{variant}_error"]) for r in cases]
+            out[f"{kind}_{variant}_within_target"] = sum(e <= target for e in errors)
+            out[f"{kind}_{variant}_max_abs_error"] = max(errors, default=None)
+            out[f"{kind}_{variant}_mean_abs_error"] = sum(errors) / len(errors) if errors else None
+    out["swap_configs_that_swapped_nothing"] = [r["config"] for r in primary
+                                                 if r["config"] is not None and not r["n_swapped"]]
+    return out
+
+
+def speed(cache: Path, records: list[dict[str, Any]], planner: Any = plan_swaps) -> dict[str, Any]:
+    """Time the simulator on ResNet-50: one simulation, one max_batch search (P100 profile)."""
+    rec = next((r for r in records if r["spec"]["model"] == "resnet50" and r["spec"]["config"] is None), None)
+    if rec is None:
+        return {}
+    data = load_graph(cache, rec).to_dict()
+    out: dict[str, Any] = {"graph_ops": len(data["ops"])}
+    for label, config in (("no_lms", None), ("paper_config", LMSConfig(n_tensors=100, lb=5))):
+        g = Graph.from_dict(data)  # fresh: nothing cached
+        t0 = time.perf_counter()
+        plan = planner(g, config) if config else None
+        plan_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        simulate(g, plan, batch=8, device="P100-16GB", timeline=False)
+        compile_s = time.perf_counter() - t0
+        runs = []
+        for b in range(8, 28):
+            t0 = time.perf_counter()
+            simulate(g, plan, batch=b, device="P100-16GB", timeline=False)
+            runs.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        simulate(g, plan, batch=8, device="P100-16GB").timeline
+        timeline_ms = 1e3 * (time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        mb = max_batch(g, plan, 16 << 30, device="P100-16GB")
+        mb_s = time.perf_counter() - t0
+        g2 = Graph.from_dict(data)
+        t0 = time.perf_counter()
+        max_batch(g2, plan, 16 << 30, device="P100-16GB")
+        mb_cold = time.perf_counter() - t0
+        out[label] = {"planner_s": plan_s, "compile_s": compile_s, "n_swapped": plan.n_swapped if plan else 0,
+                      "simulation_with_timeline_ms": timeline_ms,
+                      "simulation_ms_median": 1e3 * sorted(runs)[len(runs) // 2],
+                      "max_batch_s": mb_s, "max_batch_s_incl_compile": mb_cold,
+                      "max_batch": mb.batch, "max_batch_simulations": mb.n_simulations}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small models only (no ResNet-50)")
+    parser.add_argument("--remeasure", action="store_true", help="ignore cached measurements")
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="measurement cache folder")
+    parser.add_argument("--out", type=Path, default=RESULTS / "simulator_accuracy.json", help="JSON output")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement")
+    parser.add_argument("--planner-rev", type=str, default=None,
+                        help="make the swap plans with lms/planner.py of this git revision (default: the current one)")
+    parser.add_argument("--measure-only", action="store_true", help="measure (fill the cache) and stop")
+    parser.add_argument("--child", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(json.loads(args.child[0]), Path(args.child[1]))
+        return 0
+
+    specs = [{"model": m, "options": o, "batch": b, "config": None, "inter_op": 1}
+             for m, o, batches in NO_SWAP_CASES for b in batches]
+    specs += [{"model": m, "options": o, "batch": b, "config": c, "inter_op": 1,
+               **({"planner_rev": args.planner_rev} if args.planner_rev else {})} for m, o, b, c in SWAP_CASES]
+    # the same no-swap steps with TF's default inter-op threading (ops overlap: not modelled)
+    specs += [dict(s, inter_op=0) for s in specs if s["config"] is None]
+    if args.quick:
+        specs = [s for s in specs if s["model"] in QUICK_MODELS]
+    records = [r for r in (measure(s, args.cache, remeasure=args.remeasure, timeout=args.timeout)
+                           for s in specs) if r is not None]
+    if args.measure_only:
+        return 0
+    rows = [compare(r, load_graph(args.cache, r)) for r in records]
+    summary = summarise(rows)
+    timing = {} if args.quick else speed(args.cache, records,
+                                         planner_at(args.planner_rev).plan_swaps if args.planner_rev else plan_swaps)
+    doc = {"schema": "lms.simulator_accuracy", "schema_version": 1,
+           "setup": {"allocator": "TF_CPU_ALLOCATOR_USE_BFC=true", "onednn": "TF_ENABLE_ONEDNN_OPTS=0",
+                     "grappler": "default", "measure": "lms.tf.measure.measure_step(warmup=2, steps=3)",
+                     "swap_ops": "emulated (lms.function emulate=True)",
+                     "inter_op_threads": "1 for the targets (TF's executor order is then deterministic and "
+                                         "modelled); 'default' rows show op overlap, which is not modelled",
+                     "swap_plans": (f"lms/planner.py at git {args.planner_rev}" if args.planner_rev
+                                    else "the current lms.plan_swaps") + "; the applied plan is stored per case",
+                     "simulated": "device='cpu' profile: TF executor order with the CPU expensive-op rule, "
+                                  "CPU kernel temporaries; 'bfc' replays TF's BFC allocator, 'simulated' "
+                                  "counts live bytes",
+                     "tf_version": records[0]["tf_version"] if records else None},
+           "summary": summary, "rows": rows, "timing": timing}
+    atomic_write_text(args.out, json.dumps(doc, indent=1) + "\n")
+    _print_table(rows, summary, timing)
+    print(f"\nwrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    return 0
+
+
+def _print_table(rows: list[dict[str, Any]], summary: dict[str, Any], timing: dict[str, Any]) -> None:
+    head = (f"{'model':<9} {'batch':>5} {'thr':>3} {'config':<40} {'measured':>9} {'BFC sim':>9} {'error':>7} "
+            f"{'live sim':>9} {'error':>7} {'fifo':>7} {'no temp':>7}  simulated peak op")
+    print(head)
+    print("-" * len(head))
+    for r in sorted(rows, key=lambda r: (r["inter_op_threads"] != 1, r["config"] is not None, r["model"],
+                                         r["batch"])):
+        cfg = "no LMS" if r["config"] is None else ",".join(f"{k}={v}" for k, v in r["config"].items())
+        thr = "1" if r["inter_op_threads"] == 1 else "def"
+        print(f"{r['model']:<9} {r['batch']:>5} {thr:>3} {cfg[:40]:<40} {r['measured_peak_bytes'] / MiB:>8.1f}M "
+              f"{r['bfc_peak_bytes'] / MiB:>8.1f}M {100 * r['bfc_error']:>+6.1f}% "
+              f"{r['simulated_peak_bytes'] / MiB:>8.1f}M {100 * r['simulated_error']:>+6.1f}% "
+              f"{100 * r['fifo_error']:>+6.1f}% {100 * r['liveness_error']:>+6.1f}%  {r['peak_op'][-60:]}")
+    s = summary
+    print(f"\none inter-op thread, no LMS: BFC replay {s['no_swap_bfc_within_target']}/{s['no_swap_cases']} within 5% "
+          f"(max |error| {100 * (s['no_swap_bfc_max_abs_error'] or 0):.1f}%), live bytes "
+          f"{s['no_swap_simulated_within_target']}/{s['no_swap_cases']} "
+          f"(max {100 * (s['no_swap_simulated_max_abs_error'] or 0):.1f}%)")
+    print(f"one inter-op thread, emulated swap: BFC replay {s['swap_bfc_within_target']}/{s['swap_cases']} within 10% "
+          f"(max |error| {100 * (s['swap_bfc_max_abs_error'] or 0):.1f}%), live bytes "
+          f"{s['swap_simulated_within_target']}/{s['swap_cases']} "
+          f"(max {100 * (s['swap_simulated_max_abs_error'] or 0):.1f}%)")
+    for label, t in timing.items():
+        if isinstance(t, dict):
+            print(f"ResNet-50 ({timing['graph_ops']} ops), {label} ({t['n_swapped']} swapped): one simulation "
+                  f"{t['simulation_ms_median']:.2f} ms ({t['simulation_with_timeline_ms']:.1f} ms with the "
+                  f"timeline); max_batch {t['max_batch_s']:.3f} s "
+                  f"({t['max_batch_simulations']} simulations; {t['max_batch_s_incl_compile']:.2f} s with "
+                  f"compiling the plan); planner {t['planner_s']:.1f} s (lms.planner, not the simulator)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""The executed order of a graph: TF's executor scheduling, and Grappler's identity bypass. No TensorFlow."""
+
+from __future__ import annotations
+
+import collections
+
+from ..graph import Graph, Op
+from .costs import ZERO_COST_TYPES
+
+__all__ = ["executed_order", "bypass_identities", "ORDERS", "BYPASSED_TYPES"]
+
+ORDERS = ("executor", "fifo", "creation")
+
+# The step's inputs (data and captured variable handles).
+_INPUT_TYPES = frozenset({"Placeholder", "PlaceholderWithDefault", "_Arg"})
+_VIEW_TYPES = frozenset({"Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
+                         "PreventGradient", "EnsureShape", "CheckNumerics", "CheckNumericsV2", "Bitcast"})
+
+
+def executed_order(graph: Graph, kind: str = "executor", *,
+                   expensive_op_bytes: int | None = None) -> tuple[str, ...]:
+    """The order in which TF's executor runs the ops (one inter-op thread), as op names.
+
+    ``"executor"`` follows TF's ``ExecutorState`` scheduling (``executor.cc``):
+    each op without inputs starts a *task* on the thread pool's queue (variable
+    handles first, the step's data last: `_root_rank`); a task runs an inline FIFO queue: when an op
+    finishes, the successors it makes ready are appended in out-edge order
+    (consumer creation order), except *expensive* ones: all but the last are
+    pushed as new tasks to the front of the pool's queue (a worker's own queue
+    is LIFO), and the last runs inline only if the inline queue is empty. On a
+    GPU no op counts as expensive (a kernel is only enqueued); on a CPU an op
+    is expensive when TF measured it above 8,000 cycles, which we approximate
+    by the bytes it touches (`expensive_op_bytes`; views and constants never).
+    Swap-ins become ready only when their trigger (a control input) has run.
+
+    ``"fifo"``: one global FIFO ready queue over all ops (breadth-first).
+    ``"creation"``: Kahn's algorithm with creation-order ties (each branch as
+    soon as possible). Both are kept for comparison: on the TF CPU traces of
+    ``benchmarks/simulator_accuracy.py`` the executor order is the closest.
+    """
+    if kind == "creation":
+        return graph.topological_order
+    if kind not in ORDERS:
+        raise ValueError(f"order={kind!r}: allowed values are " + ", ".join(repr(o) for o in ORDERS))
+    names = list(graph.ops)
+    pending = {n: len(graph.predecessors(n)) for n in names}
+    succ = graph.successors
+    order: list[str] = []
+    roots = [n for n in names if pending[n] == 0]
+    if kind == "fifo":
+        ready = collections.deque(roots)
+        while ready:
+            name = ready.popleft()
+            order.append(name)
+            for s in succ[name]:
+                pending[s] -= 1
+                if pending[s] == 0:
+                    ready.append(s)
+    else:
+        expensive = _expensive_ops(graph, expensive_op_bytes)
+        tasks = collections.deque(sorted(roots, key=lambda n: _root_rank(graph, n)))
+        while tasks:
+            inline = collections.deque((tasks.popleft(),))
+            while inline:
+                name = inline.popleft()
+                order.append(name)
+                current: str | None = None
+                for s in succ[name]:
+                    pending[s] -= 1
+                    if pending[s]:
+                        continue
+                    if s not in expensive:
+                        inline.append(s)
+                        continue
+                    if current is not None:
+                        tasks.appendleft(current)
+                    current = s
+                if current is not None:
+                    if inline:
+                        tasks.appendleft(current)
+                    else:
+                        inline.append(current)
+    if len(order) != len(names):
+        graph.topological_order  # raises GraphError naming the cycle
+    return tuple(order)
+
+
+def _root_rank(graph: Graph, name: str) -> int:
+    """Task order of the ops without inputs: variable handles, then the rest, then the step's data.
+
+    Seen in TF's CPU traces: the variable reads (and what they feed, e.g. the
+    optimizer's ``momentum * m``) run before the forward pass starts from the
+    step's inputs. The sort is stable: creation order within each group.
+    """
+    op = graph.ops[name]
+    if op.type not in _INPUT_TYPES:
+        return 1
+    return 0 if all(graph.tensors[t].dtype == "resource" for t in op.outputs) else 2
+
+
+def _expensive_ops(graph: Graph, threshold: int | None) -> frozenset[str]:
+    """Ops TF's CPU executor would run as their own task (see `executed_order`)."""
+    if threshold is None:
+        return frozenset()
+    batch = graph.batch_size
+    out = set()
+    for op in graph.ops.values():
+        if op.type in ZERO_COST_TYPES or op.type in _VIEW_TYPES:
+            continue
+        touched = sum(graph.tensors[t].nbytes(batch) for t in (*dict.fromkeys(op.inputs), *op.outputs))
+        if touched > threshold:
+            out.add(op.name)
+    return frozenset(out)
+
+
+BYPASSED_TYPES = frozenset({"Identity", "IdentityN"})
+
+
+def bypass_identities(graph: Graph) -> Graph:
+    """The graph as Grappler's dependency optimizer leaves it: identities bypassed.
+
+    ``a -> [Identity] -> c`` becomes ``a -> c``; an ``IdentityN`` over many
+    tensors (Keras passes all gradients through one before the optimizer
+    update) no longer makes every update wait for the last gradient. Kept:
+    identities with control inputs, with readers through control edges, that
+    cross devices, or that nobody reads (the step's outputs). Views cost no
+    memory either way; this only changes *when* readers may run.
+    """
+    control_readers = {c for op in graph.ops.values() for c in op.control_inputs}
+    source: dict[str, str] = {}
+    for op in graph.ops.values():
+        if (op.type not in BYPASSED_TYPES or op.control_inputs or op.name in control_readers
+                or len(op.inputs) < len(op.outputs)):
+            continue
+        if any(graph.producer(t).device != op.device for t in op.inputs):
+            continue
+        for i, t in enumerate(op.outputs):
+            if graph.consumers(t):
+                source[t] = op.inputs[i if op.type == "IdentityN" else 0]
+    if not source:
+        return graph
+
+    def resolve(t: str) -> str:
+        while t in source:
+            t = source[t]
+        return t
+
+    bypassed = {t.rsplit(":", 1)[0] for t in source}
+    ops: list[Op] = []
+    for op in graph.ops.values():
+        if op.name in bypassed:
+            continue
+        if any(t in source for t in op.inputs):
+            op = Op(name=op.name, type=op.type, role=op.role, inputs=tuple(resolve(t) for t in op.inputs),
+                    control_inputs=op.control_inputs, outputs=op.outputs, grad_of=op.grad_of,
+                    device=op.device)
+        ops.append(op)
+    kept = {t for op in ops for t in op.outputs}
+    return Graph(ops, [t for t in graph.tensors.values() if t.name in kept],
+                 batch_size=graph.batch_size, name=graph.name)
