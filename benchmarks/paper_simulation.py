@@ -118,8 +118,7 @@ def bfc_adjusted(graph: Graph, config: SwapPlan | None, batch: int, budget: int,
     return {"batch": lo, "bfc_peak_bytes": peak(lo), "replays": replays + 1}
 
 
-def run(graph: Graph, configs: list[LMSConfig], *, device_name: str, budget: int,
-        planner: Any = plan_swaps) -> dict[str, Any]:
+def run(graph: Graph, configs: list[LMSConfig], *, device_name: str, budget: int) -> dict[str, Any]:
     device = get_device(device_name)
     kw = dict(device=device)  # GPU kernels: lms.sim.costs.GPU_TEMPORARIES
     t0 = time.perf_counter()
@@ -127,7 +126,7 @@ def run(graph: Graph, configs: list[LMSConfig], *, device_name: str, budget: int
     rows = []
     plans = {}
     for config in configs:
-        plans[config] = planner(graph, config)
+        plans[config] = plan_swaps(graph, config)
         try:
             m = max_batch(graph, plans[config], budget, **kw)
         except InfeasibleBudget as exc:  # pragma: no cover - 16 GiB always fits batch 1
@@ -214,8 +213,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", type=str, default="P100-16GB", help="device profile name")
     parser.add_argument("--budget-gib", type=float, default=16.0, help="memory budget in GiB")
     parser.add_argument("--out-dir", type=Path, default=RESULTS, help="where to write the results")
-    parser.add_argument("--planner-rev", type=str, default=None,
-                        help="plan with lms/planner.py of this git revision (default: the current planner)")
     parser.add_argument("--trace", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--trace-batch", type=int, default=8, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -223,16 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         trace(args.trace, args.trace_batch)
         return 0
     graph = load_graph(args.graph)
-    planner = plan_swaps
-    if args.planner_rev:
-        from benchmarks.simulator_accuracy import planner_at
-
-        planner = planner_at(args.planner_rev).plan_swaps
-    result = run(graph, grid(args.quick), device_name=args.device, budget=int(args.budget_gib * GiB),
-                 planner=planner)
+    result = run(graph, grid(args.quick), device_name=args.device, budget=int(args.budget_gib * GiB))
     doc = {"schema": "lms.paper_simulation", "schema_version": 1, "label": "PREDICTED by lms.simulator",
            "paper": PAPER, "differences": DIFFERENCES, "graph": {"name": graph.name, "ops": len(graph.ops)},
-           "planner": f"lms/planner.py at git {args.planner_rev}" if args.planner_rev else "lms.plan_swaps (current)",
+           "planner": "lms.plan_swaps (current)",
            "result": result}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out_dir / "paper_simulation.json", json.dumps(doc, indent=1) + "\n")

@@ -26,10 +26,10 @@ import gzip
 import hashlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +89,6 @@ def child(spec: dict[str, Any], out: Path) -> None:
     from lms.tf.train import make_train_step
     from tuner.models import load_workload
 
-    if spec.get("planner_rev"):  # plans made by the planner of an older revision (see --planner-rev)
-        import lms.tf.function
-        lms.tf.function.plan_swaps = planner_at(spec["planner_rev"]).plan_swaps
     w = load_workload(spec["model"], **spec["options"])
     model = w.build_model()
     optimizer = w.make_optimizer()
@@ -121,27 +118,28 @@ def child(spec: dict[str, Any], out: Path) -> None:
     atomic_write_text(out, json.dumps(result, indent=1))
 
 
-def planner_at(rev: str) -> Any:
-    """`lms.planner` as of git revision `rev` (to reproduce or make plans with an older planner)."""
-    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:lms/planner.py"], capture_output=True,
-                         text=True, check=True).stdout
-    module = types.ModuleType(f"lms._planner_{rev}")
-    module.__package__ = "lms"
-    exec(compile(src, f"lms/planner.py@{rev}", "exec"), module.__dict__)  # noqa: S102 - our own repository
-    return module
-
-
 # ---- parent: measure (cached), simulate, compare -------------------------------------------
 def _key(spec: dict[str, Any]) -> str:
     return hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# The code that decides and applies a swap plan: a swap measurement is cached per version of it.
+SWAP_CODE = ("lms/planner.py", "lms/plan.py", "lms/tf/apply.py", "lms/tf/emulate.py")
+
+
+def swap_code_version() -> str:
+    """A digest of `SWAP_CODE` (a changed planner or rewriter invalidates cached swap measurements)."""
+    h = hashlib.sha1()
+    for rel in SWAP_CODE:
+        h.update((ROOT / rel).read_bytes())
+    return h.hexdigest()[:10]
 
 
 def measure(spec: dict[str, Any], cache: Path, *, remeasure: bool, timeout: float) -> dict[str, Any] | None:
     out = cache / f"{spec['model']}-b{spec['batch']}-{_key(spec)}.json"
     if out.exists() and not remeasure:
         record = json.loads(out.read_text())
-        if spec["config"] is None or "swapped" in (record.get("plan") or {}) or \
-                (record.get("plan") or {}).get("n_swapped"):
+        if spec["config"] is None or "swapped" in (record.get("plan") or {}):
             return record
     cache.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_ENABLE_ONEDNN_OPTS="0",
@@ -173,33 +171,42 @@ def plan_from_summary(summary: dict[str, Any]) -> SwapPlan:
                     n_candidates=summary["n_candidates"], batch_size=summary["batch_size"])
 
 
-# Records measured before plans were stored in full: the planner that made them.
-LEGACY_PLANNER_REV = "187aa8a"
-
-
-def applied_plan(record: dict[str, Any], graph: Graph) -> SwapPlan | None:
-    """The plan the child applied: stored in full, or re-made by the planner of that time (counts checked)."""
+def applied_plan(record: dict[str, Any]) -> SwapPlan | None:
+    """The plan the child applied (stored in full in its record)."""
     summary = record["plan"]
-    if summary is None:
-        return None
-    if "swapped" in summary:
-        return plan_from_summary(summary)
-    plan = planner_at(LEGACY_PLANNER_REV).plan_swaps(graph, LMSConfig.from_dict(record["spec"]["config"]))
-    if (plan.n_swapped, plan.n_swap_ins) != (summary["n_swapped"], summary["n_swap_ins"]):
-        raise ValueError(f"cannot reproduce the plan of {record['spec']}")
-    return plan
+    return None if summary is None else plan_from_summary(summary)
 
 
-def compare(record: dict[str, Any], graph: Graph) -> dict[str, Any]:
+def _case(spec: dict[str, Any]) -> str:
+    """The case a measurement belongs to (its repeats share it)."""
+    return json.dumps({k: v for k, v in spec.items() if k != "repeat"}, sort_keys=True)
+
+
+def group_repeats(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Records grouped by case (repeats of one case together), in first-seen order."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(_case(r["spec"]), []).append(r)
+    return list(groups.values())
+
+
+def compare(records: list[dict[str, Any]], graph: Graph) -> dict[str, Any]:
+    """Simulated versus measured peak of one case: the median over its repeated measurements."""
+    record = records[0]
     spec = record["spec"]
-    plan = applied_plan(record, graph) if spec["config"] else None
+    plan = applied_plan(record) if spec["config"] else None
     if plan is not None:
         plan.validate(graph)
+        for other in records[1:]:
+            if other["plan"] != record["plan"]:
+                raise ValueError(f"repeats of {spec['config']} applied different plans")
     batch = spec["batch"]
-    measured = record["measured_peak_bytes"]
+    peaks = sorted(r["measured_peak_bytes"] for r in records)
+    measured = int(statistics.median(peaks))
     row: dict[str, Any] = {"model": spec["model"], "options": spec["options"], "batch": batch,
                            "config": spec["config"], "inter_op_threads": spec.get("inter_op") or "default",
-                           "measured_peak_bytes": measured,
+                           "measured_peak_bytes": measured, "measured_peaks": peaks,
+                           "measured_spread": (peaks[-1] - peaks[0]) / measured,
                            "n_swapped": plan.n_swapped if plan else 0}
     variants = {
         "simulated": dict(device="cpu"),
@@ -215,7 +222,12 @@ def compare(record: dict[str, Any], graph: Graph) -> dict[str, Any]:
             row["peak_op"] = r.peak_op
             row["resident_bytes"] = r.resident_bytes
             row["peak_temporary_bytes"] = r.peak_temporary_bytes
-    row["measured_baseline_bytes"] = record["baseline_bytes"]
+    baseline = int(statistics.median(r["baseline_bytes"] for r in records))
+    row["measured_baseline_bytes"] = baseline
+    # diagnostic: the simulated step on top of what the measuring process really held when the step
+    # began (weights, slots, plus whatever else it kept: varies by process, see the report)
+    shifted = row["simulated_peak_bytes"] - row["resident_bytes"] + baseline
+    row["simulated_on_measured_baseline_error"] = (shifted - measured) / measured
     return row
 
 
@@ -238,7 +250,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def speed(cache: Path, records: list[dict[str, Any]], planner: Any = plan_swaps) -> dict[str, Any]:
+def speed(cache: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
     """Time the simulator on ResNet-50: one simulation, one max_batch search (P100 profile)."""
     rec = next((r for r in records if r["spec"]["model"] == "resnet50" and r["spec"]["config"] is None), None)
     if rec is None:
@@ -248,7 +260,7 @@ def speed(cache: Path, records: list[dict[str, Any]], planner: Any = plan_swaps)
     for label, config in (("no_lms", None), ("paper_config", LMSConfig(n_tensors=100, lb=5))):
         g = Graph.from_dict(data)  # fresh: nothing cached
         t0 = time.perf_counter()
-        plan = planner(g, config) if config else None
+        plan = plan_swaps(g, config) if config else None
         plan_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         simulate(g, plan, batch=8, device="P100-16GB", timeline=False)
@@ -283,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="measurement cache folder")
     parser.add_argument("--out", type=Path, default=RESULTS / "simulator_accuracy.json", help="JSON output")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement")
-    parser.add_argument("--planner-rev", type=str, default=None,
-                        help="make the swap plans with lms/planner.py of this git revision (default: the current one)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="measurements (processes) per swap config; compared against their median")
     parser.add_argument("--measure-only", action="store_true", help="measure (fill the cache) and stop")
     parser.add_argument("--child", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -292,30 +304,34 @@ def main(argv: list[str] | None = None) -> int:
         child(json.loads(args.child[0]), Path(args.child[1]))
         return 0
 
-    specs = [{"model": m, "options": o, "batch": b, "config": None, "inter_op": 1}
-             for m, o, batches in NO_SWAP_CASES for b in batches]
-    specs += [{"model": m, "options": o, "batch": b, "config": c, "inter_op": 1,
-               **({"planner_rev": args.planner_rev} if args.planner_rev else {})} for m, o, b, c in SWAP_CASES]
+    # repeats of a no-swap case: the first has no "repeat" key (measurements cached before repeats existed)
+    specs = [{"model": m, "options": o, "batch": b, "config": None, "inter_op": 1, **({"repeat": i} if i else {})}
+             for m, o, batches in NO_SWAP_CASES for b in batches for i in range(args.repeats)]
+    code = swap_code_version()
+    specs += [{"model": m, "options": o, "batch": b, "config": c, "inter_op": 1, "code": code, "repeat": i}
+              for m, o, b, c in SWAP_CASES for i in range(args.repeats)]
     # the same no-swap steps with TF's default inter-op threading (ops overlap: not modelled)
-    specs += [dict(s, inter_op=0) for s in specs if s["config"] is None]
+    specs += [dict(s, inter_op=0) for s in specs if s["config"] is None and "repeat" not in s]
     if args.quick:
         specs = [s for s in specs if s["model"] in QUICK_MODELS]
     records = [r for r in (measure(s, args.cache, remeasure=args.remeasure, timeout=args.timeout)
                            for s in specs) if r is not None]
     if args.measure_only:
         return 0
-    rows = [compare(r, load_graph(args.cache, r)) for r in records]
+    rows = [compare(group, load_graph(args.cache, group[0])) for group in group_repeats(records)]
     summary = summarise(rows)
-    timing = {} if args.quick else speed(args.cache, records,
-                                         planner_at(args.planner_rev).plan_swaps if args.planner_rev else plan_swaps)
+    timing = {} if args.quick else speed(args.cache, records)
     doc = {"schema": "lms.simulator_accuracy", "schema_version": 1,
            "setup": {"allocator": "TF_CPU_ALLOCATOR_USE_BFC=true", "onednn": "TF_ENABLE_ONEDNN_OPTS=0",
                      "grappler": "default", "measure": "lms.tf.measure.measure_step(warmup=2, steps=3)",
                      "swap_ops": "emulated (lms.function emulate=True)",
                      "inter_op_threads": "1 for the targets (TF's executor order is then deterministic and "
                                          "modelled); 'default' rows show op overlap, which is not modelled",
-                     "swap_plans": (f"lms/planner.py at git {args.planner_rev}" if args.planner_rev
-                                    else "the current lms.plan_swaps") + "; the applied plan is stored per case",
+                     "swap_plans": f"the current lms.plan_swaps (swap code {code}); the applied plan is "
+                                   "stored per measurement",
+                     "repeats": f"{args.repeats} processes per swap config, compared against their median "
+                                "(measured_peaks, measured_spread = (max - min) / median), likewise each one-thread "
+                                "no-swap case; one measurement per default-threads row",
                      "simulated": "device='cpu' profile: TF executor order with the CPU expensive-op rule, "
                                   "CPU kernel temporaries; 'bfc' replays TF's BFC allocator, 'simulated' "
                                   "counts live bytes",
@@ -329,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print_table(rows: list[dict[str, Any]], summary: dict[str, Any], timing: dict[str, Any]) -> None:
     head = (f"{'model':<9} {'batch':>5} {'thr':>3} {'config':<40} {'measured':>9} {'BFC sim':>9} {'error':>7} "
-            f"{'live sim':>9} {'error':>7} {'fifo':>7} {'no temp':>7}  simulated peak op")
+            f"{'live sim':>9} {'error':>7} {'fifo':>7} {'no temp':>7} {'spread':>7} {'n':>2}  simulated peak op")
     print(head)
     print("-" * len(head))
     for r in sorted(rows, key=lambda r: (r["inter_op_threads"] != 1, r["config"] is not None, r["model"],
@@ -339,7 +355,8 @@ def _print_table(rows: list[dict[str, Any]], summary: dict[str, Any], timing: di
         print(f"{r['model']:<9} {r['batch']:>5} {thr:>3} {cfg[:40]:<40} {r['measured_peak_bytes'] / MiB:>8.1f}M "
               f"{r['bfc_peak_bytes'] / MiB:>8.1f}M {100 * r['bfc_error']:>+6.1f}% "
               f"{r['simulated_peak_bytes'] / MiB:>8.1f}M {100 * r['simulated_error']:>+6.1f}% "
-              f"{100 * r['fifo_error']:>+6.1f}% {100 * r['liveness_error']:>+6.1f}%  {r['peak_op'][-60:]}")
+              f"{100 * r['fifo_error']:>+6.1f}% {100 * r['liveness_error']:>+6.1f}% {100 * r['measured_spread']:>6.1f}% "
+              f"{len(r['measured_peaks']):>2}  {r['peak_op'][-50:]}")
     s = summary
     print(f"\none inter-op thread, no LMS: BFC replay {s['no_swap_bfc_within_target']}/{s['no_swap_cases']} within 5% "
           f"(max |error| {100 * (s['no_swap_bfc_max_abs_error'] or 0):.1f}%), live bytes "

@@ -486,7 +486,8 @@ def test_simulated_peak_tracks_the_tensorflow_cpu_peak(tmp_path, config, bound):
             "inter_op": 1}
     record = measure(spec, tmp_path, remeasure=True, timeout=600)
     assert record is not None, "the measurement subprocess failed"
-    row = compare(record, load_graph(tmp_path, record))
-    # the allocator replay is what TF reports; looser than the benchmark's targets (5% / 10%)
+    row = compare([record], load_graph(tmp_path, record))
+    # the allocator replay is what TF reports; looser than the benchmark's targets (5% / 10%), and
+    # one process only: Grappler's node order, hence TF's executor order, differs between processes
     assert abs(row["bfc_error"]) <= bound, row
     assert row["measured_peak_bytes"] > row["resident_bytes"]

@@ -33,6 +33,18 @@ def executed_order(graph: Graph, kind: str = "executor", *,
     by the bytes it touches (`expensive_op_bytes`; views and constants never).
     Swap-ins become ready only when their trigger (a control input) has run.
 
+    Limits, seen in tf.profiler traces of TF 2.21 CPU steps (one inter-op
+    thread): TF's cost estimate starts at 1e8 cycles and decays by 10% per
+    run, so for a function's first ~90 runs *every* kernel that does not
+    override ``IsExpensive()`` (Const, Identity, Reshape, Shape, NoOp, _Arg,
+    ...) counts as expensive, whatever its size; and the out-edge order is
+    the node order of Grappler's optimized graph, which differs from one
+    process to the next (the root order alone changes between processes
+    running the same step). So on CPU this is one plausible order, not *the*
+    order: peaks measured in different processes spread by up to ~40% with
+    emulated swaps (a swap-out left behind on the executor's task stack keeps
+    its tensor alive), a few percent without.
+
     ``"fifo"``: one global FIFO ready queue over all ops (breadth-first).
     ``"creation"``: Kahn's algorithm with creation-order ties (each branch as
     soon as possible). Both are kept for comparison: on the TF CPU traces of
