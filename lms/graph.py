@@ -262,6 +262,22 @@ class Graph:
         return level
 
     @cached_property
+    def forward_end(self) -> str | None:
+        """The deepest forward op whose data a backward op reads (e.g. the logits).
+
+        The gradient flows back from the loss through ops that read it, so every
+        op of the real backward pass depends on it; backward-role ops that do not
+        (gradient constants, shapes of activations) may run during the forward pass.
+        """
+        best: str | None = None
+        for name, level in self.forward_levels.items():
+            readers = (r for t in self.ops[name].outputs for r in self.data_consumers(t))
+            if any(self.ops[r].role is Role.BACKWARD for r in readers):
+                if best is None or self.levels[name] > self.levels[best]:
+                    best = name
+        return best
+
+    @cached_property
     def _position(self) -> Mapping[str, int]:
         return {name: i for i, name in enumerate(self.ops)}
 

@@ -27,9 +27,10 @@ Triggers (``ctrld_strategy``), for a swap-in serving consumers whose first is
   with a valid such op; the latest of them is chosen. Unrelated ops that happen
   to share a level cannot be picked. Falls back to ``direct_order`` (and says
   so in ``SwapIn.strategy``) when it finds none.
-A backward trigger must depend on every forward reader of the tensor, so it
-surely runs after the tensor's forward use (gradient constants and shape
-computations have low levels but may run during the forward pass). A trigger
+A backward trigger must depend on where the gradient flow starts
+(`Graph.forward_end`) and on every forward reader of the tensor, so it surely
+runs after the tensor's forward use (gradient constants and ``Shape`` ops under
+``gradient_tape/`` have low levels but may run during the forward pass). A trigger
 always has a lower level than ``c``, so it can never depend on ``c``: no plan
 creates a cycle.
 
@@ -51,7 +52,7 @@ import logging
 from typing import Iterable, Iterator
 
 from .config import LMSConfig
-from .graph import Graph, Role
+from .graph import SHAPE_ONLY_TYPES, Graph, Role
 from .plan import Skip, Swap, SwapIn, SwapPlan, swap_op_name
 
 __all__ = ["plan_swaps", "find_candidates", "SKIPPED_PRODUCER_TYPES"]
@@ -142,11 +143,12 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
             continue
         backward = [c for c in graph.data_consumers(t) if graph.ops[c].role is Role.BACKWARD]
         swap_ins: list[SwapIn] = []
-        for i, group in enumerate(_group_consumers(graph, backward, config)):
+        for group in _group_consumers(graph, backward, config):
             trigger, distance, how = _find_trigger(graph, config, t, group[0], role=Role.BACKWARD)
             if trigger is None:  # these readers keep reading the device copy
                 continue
-            swap_ins.append(SwapIn(swap_op_name("swap_in", t, i), tuple(group), trigger, distance, how))
+            name = swap_op_name("swap_in", t, len(swap_ins))
+            swap_ins.append(SwapIn(name, tuple(group), trigger, distance, how))
         if not swap_ins:
             skipped.append(Skip(t, f"no backward op {config.lb}..{config.ub} levels before its consumers"))
             continue
@@ -214,15 +216,20 @@ def _direct_order_trigger(graph: Graph, config: LMSConfig, tensor: str, consumer
 def _eligible(graph: Graph, op: str, role: Role, tensor: str) -> bool:
     """Can `op` trigger a swap-in of `tensor` for a reader of `role`?
 
-    A backward trigger must depend on every forward reader of the tensor: a
-    gradient constant or shape computation has a low level but may run during
+    A backward trigger must surely run after the forward pass is done with the
+    tensor: it must depend on `Graph.forward_end` (where the gradient flow
+    starts) and on every forward reader of the tensor. Gradient constants and
+    ``Shape`` ops under ``gradient_tape/`` have backward role but may run during
     the forward pass, which would bring the tensor back while its original is
-    still alive (seen on TF graphs: emulated peak above no LMS).
+    still alive (seen on TF graphs).
     """
-    if graph.ops[op].role is not role:
-        return False
+    if graph.ops[op].role is not role or graph.ops[op].type in SHAPE_ONLY_TYPES:
+        return False  # shape ops are cheap metadata that Grappler may fold away
     if role is not Role.BACKWARD:
         return True
+    end = graph.forward_end
+    if end is None or not graph.is_ancestor(end, op):
+        return False
     return all(graph.is_ancestor(r, op) for r in graph.data_consumers(tensor)
                if graph.ops[r].role is Role.FORWARD)
 
@@ -303,11 +310,12 @@ def _add_branch_swaps(graph: Graph, config: LMSConfig, swaps: dict[str, Swap], s
             existing = swaps.get(t)
             offset = len(existing.swap_ins) if existing else 0
             new_ins: list[SwapIn] = []
-            for i, group in enumerate(_group_consumers(graph, far, config)):
+            for group in _group_consumers(graph, far, config):
                 trig, dist, how = _find_trigger(graph, config, t, group[0], role=Role.FORWARD, floor=floor)
                 if trig is None:
                     continue
-                new_ins.append(SwapIn(swap_op_name("swap_in", t, offset + i), tuple(group), trig, dist, how))
+                name = swap_op_name("swap_in", t, offset + len(new_ins))
+                new_ins.append(SwapIn(name, tuple(group), trig, dist, how))
             if not new_ins:
                 skipped.append(Skip(t, f"branch: no forward op {config.lb}..{config.ub} levels before "
                                        f"its far readers after its near ones"))

@@ -240,6 +240,7 @@ def test_backward_ops_that_may_run_during_the_forward_pass_never_trigger():
                   grad_of=f"f{i}")
     g = b.build()
     assert not g.is_ancestor("f5", "gradient_tape/const")
+    assert g.forward_end == "f4"
     for strategy in ("chain_rule", "direct_order"):
         plan = plan_swaps(g, LMSConfig(lb=1, ctrld_strategy=strategy))
         # f0..f3; f4 is read by the loss, which no backward op depends on: no safe trigger
@@ -250,3 +251,37 @@ def test_backward_ops_that_may_run_during_the_forward_pass_never_trigger():
                 assert all(g.is_ancestor(r, si.trigger) for r in readers)
         deep = plan_swaps(g, LMSConfig(lb=5, ctrld_strategy=strategy))
         assert all(si.trigger != "gradient_tape/const" for s in deep.swaps for si in s.swap_ins)
+
+
+def test_shape_ops_under_gradient_tape_never_trigger():
+    # TF puts Shape ops of activations under gradient_tape/: they read only forward ops, so
+    # they can run during the forward pass even though they depend on the tensor's readers.
+    b = GraphBuilder(batch_size=2)
+    b.op("x", "Placeholder", per_sample_bytes=8)
+    prev = "x:0"
+    for i in range(8):
+        prev = b.op(f"f{i}", "Relu", prev, per_sample_bytes=64)
+    b.op("loss", "Sum", prev, shape=())
+    b.op("gradient_tape/seed", "Const", role=Role.BACKWARD, shape=(), fixed_bytes=4)
+    shapes = {i: b.op(f"gradient_tape/f{i}/Shape", "Shape", f"f{i}:0", role=Role.BACKWARD, grad_of=f"f{i}",
+                      shape=(2,), fixed_bytes=8) for i in range(8)}
+    g_ = "gradient_tape/seed:0"
+    for i in reversed(range(1, 8)):
+        g_ = b.op(f"gradient_tape/f{i}/ReluGrad", "ReluGrad", g_, f"f{i - 1}:0", shapes[i], role=Role.BACKWARD,
+                  grad_of=f"f{i}")
+    g = b.build()
+    for strategy in ("chain_rule", "direct_order"):
+        for lb in (1, 3, 6):
+            plan = plan_swaps(g, LMSConfig(lb=lb, ctrld_strategy=strategy))
+            plan.validate(g)
+            triggers = {si.trigger for s in plan.swaps for si in s.swap_ins}
+            assert triggers and not any(t.endswith("/Shape") for t in triggers), triggers
+            assert all(g.is_ancestor(g.forward_end, t) for t in triggers)
+
+
+def test_branch_swap_in_names_are_unique_when_some_groups_find_no_trigger():
+    g = long_skip(30)
+    plan = plan_swaps(g, LMSConfig(lb=3, swap_branches=True, branch_threshold=10))
+    plan.validate(g)
+    names = [si.name for s in plan.swaps for si in s.swap_ins]
+    assert len(names) == len(set(names))
