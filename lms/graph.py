@@ -265,9 +265,9 @@ class Graph:
     def forward_end(self) -> str | None:
         """The deepest forward op whose data a backward op reads (e.g. the logits).
 
-        The gradient flows back from the loss through ops that read it, so every
-        op of the real backward pass depends on it; backward-role ops that do not
-        (gradient constants, shapes of activations) may run during the forward pass.
+        Backward ops at or above its level may still be running alongside the
+        forward pass (gradient constants, shapes of activations); the planner
+        takes swap-in triggers only from deeper levels.
         """
         best: str | None = None
         for name, level in self.forward_levels.items():

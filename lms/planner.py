@@ -27,9 +27,8 @@ Triggers (``ctrld_strategy``), for a swap-in serving consumers whose first is
   with a valid such op; the latest of them is chosen. Unrelated ops that happen
   to share a level cannot be picked. Falls back to ``direct_order`` (and says
   so in ``SwapIn.strategy``) when it finds none.
-A backward trigger must depend on where the gradient flow starts
-(`Graph.forward_end`) and on every forward reader of the tensor, so it surely
-runs after the tensor's forward use (gradient constants and ``Shape`` ops under
+A backward trigger must lie deeper than `Graph.forward_end` and depend on every
+forward reader of the tensor, so it surely runs after the tensor's forward use (gradient constants and ``Shape`` ops under
 ``gradient_tape/`` have low levels but may run during the forward pass). A trigger
 always has a lower level than ``c``, so it can never depend on ``c``: no plan
 creates a cycle.
@@ -217,18 +216,21 @@ def _eligible(graph: Graph, op: str, role: Role, tensor: str) -> bool:
     """Can `op` trigger a swap-in of `tensor` for a reader of `role`?
 
     A backward trigger must surely run after the forward pass is done with the
-    tensor: it must depend on `Graph.forward_end` (where the gradient flow
-    starts) and on every forward reader of the tensor. Gradient constants and
-    ``Shape`` ops under ``gradient_tape/`` have backward role but may run during
-    the forward pass, which would bring the tensor back while its original is
-    still alive (seen on TF graphs).
+    tensor: it must depend on every forward reader of the tensor, and lie
+    deeper than `Graph.forward_end` (the deepest forward op whose data the
+    backward pass reads). Gradient constants and ``Shape`` ops under
+    ``gradient_tape/`` have backward role but only forward inputs, so they may
+    run during the forward pass and would bring the tensor back while its
+    original is still alive (seen on TF graphs). Depending on `forward_end`
+    itself is too strict: the loss's ``Sum`` feeds only a side branch of the
+    gradient (the ``div_no_nan`` by the sample count).
     """
     if graph.ops[op].role is not role or graph.ops[op].type in SHAPE_ONLY_TYPES:
         return False  # shape ops are cheap metadata that Grappler may fold away
     if role is not Role.BACKWARD:
         return True
     end = graph.forward_end
-    if end is None or not graph.is_ancestor(end, op):
+    if end is None or graph.levels[op] <= graph.levels[end]:
         return False
     return all(graph.is_ancestor(r, op) for r in graph.data_consumers(tensor)
                if graph.ops[r].role is Role.FORWARD)
