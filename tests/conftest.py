@@ -1,7 +1,7 @@
 """Session-wide test setup.
 
-TensorFlow reads these variables once, at import: they must be set before any
-test module imports it. The BFC allocator on CPU makes
+TensorFlow reads these variables when its runtime starts (first op or device
+query): they must be set before any test runs TensorFlow. The BFC allocator on CPU makes
 `tf.config.experimental.get_memory_info("CPU:0")` byte-exact (TF-NOTES).
 """
 

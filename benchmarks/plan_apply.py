@@ -1,0 +1,142 @@
+"""How long LMS takes to rewrite a traced ResNet-50 training step: extract + plan + apply.
+
+The step (keras.applications.ResNet50, weights=None, 224x224, batch 8, SGD with
+momentum) is traced through `lms.function` once per config; inside that trace,
+after the step's Python code has built the graph, LMS times its three phases
+(`LMSFunction.timings`):
+
+- extract: `lms.tf.extract.extract_graph` (TF graph -> graph model),
+- plan: `lms.plan_swaps` + `lms.tf.apply.anchor_triggers` + `SwapPlan.validate`,
+- apply: `lms.tf.apply.apply_plan` (insert swap ops, reroute, add triggers).
+
+Target: plan + apply <= 1 s. A plain ``tf.function`` trace of the same step
+is timed too (the first trace, which LMS adds its phases to).
+
+    .venv/bin/python benchmarks/plan_apply.py            # ResNet-50, 224x224, batch 8
+    .venv/bin/python benchmarks/plan_apply.py --quick    # 64x64 (same graph, smaller tensors)
+
+Prints a table and writes benchmarks/results/plan_apply.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+RESULTS = ROOT / "benchmarks" / "results" / "plan_apply.json"
+TARGET_S = 1.0
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "paper (n_tensors=100, lb=5)": {"n_tensors": 100, "lb": 5},
+    "all, lb=1": {"n_tensors": -1, "lb": 1},
+    "all, direct_order, fused, branches": {"n_tensors": -1, "lb": 3, "ctrld_strategy": "direct_order",
+                                           "fuse_swapins": True, "swap_branches": True,
+                                           "branch_threshold": 20},
+}
+
+
+def _build(image_size: int) -> tuple[Any, Any, Any]:
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3), classes=1000)
+    optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    return model, keras.losses.SparseCategoricalCrossentropy(), optimizer
+
+
+def run(*, image_size: int, batch: int, emulate: bool, repeats: int) -> dict[str, Any]:
+    import tensorflow as tf
+
+    import lms
+    from lms.tf.train import make_train_step
+
+    model, loss_fn, optimizer = _build(image_size)
+    x_spec = tf.TensorSpec([batch, image_size, image_size, 3])
+    y_spec = tf.TensorSpec([batch], tf.int32)
+
+    start = time.perf_counter()
+    tf.function(make_train_step(model, loss_fn, optimizer)).get_concrete_function(x_spec, y_spec)
+    plain_trace_s = time.perf_counter() - start
+
+    rows = []
+    for label, fields in CONFIGS.items():
+        runs = []
+        for _ in range(repeats):
+            gc.collect()
+            step = lms.function(make_train_step(model, loss_fn, optimizer), config=lms.LMSConfig(**fields),
+                                emulate=emulate)
+            start = time.perf_counter()
+            step.get_concrete_function(x_spec, y_spec)
+            runs.append({**step.timings, "trace_s": time.perf_counter() - start})
+        for r in runs:
+            r["plan_plus_apply_s"] = r["plan_s"] + r["apply_s"]
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        plan = step.plan
+        rows.append({
+            "config": label, "config_fields": plan.config.to_dict(), **med,
+            "plan_plus_apply_min_s": min(r["plan_plus_apply_s"] for r in runs),
+            "plan_plus_apply_max_s": max(r["plan_plus_apply_s"] for r in runs), "runs": runs,
+            "n_swapped": plan.n_swapped, "n_swap_ins": plan.n_swap_ins,
+            "swapped_mib": plan.swapped_bytes / 2**20, "inserted_ops": len(step.applied.inserted_ops),
+        })
+
+    return {
+        "model": "keras.applications.ResNet50(weights=None)", "image_size": image_size, "batch": batch,
+        "n_ops": len(step.graph.ops), "swap_ops": step.swap_ops, "plain_trace_s": plain_trace_s,
+        "repeats": repeats, "statistic": "median over repeats (each a fresh trace)",
+        "target_plan_plus_apply_s": TARGET_S, "configs": rows,
+        "environment": {"python": platform.python_version(), "tensorflow": tf.__version__,
+                        "machine": platform.machine(), "cpus": os.cpu_count()},
+    }
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(f"ResNet-50 {result['image_size']}x{result['image_size']}, batch {result['batch']}: "
+          f"{result['n_ops']} ops before LMS, {result['swap_ops']} swap ops; "
+          f"plain tf.function trace {result['plain_trace_s']:.1f} s")
+    print(f"medians of {result['repeats']} traces per config")
+    print(f"{'config':36s} {'swapped':>7s} {'MiB':>6s} {'ops':>5s} {'extract':>8s} {'plan':>7s} {'apply':>7s} "
+          f"{'plan+apply':>10s} {'(min-max)':>11s} {'trace':>7s}")
+    for r in result["configs"]:
+        ok = "ok" if r["plan_plus_apply_s"] <= TARGET_S else "OVER TARGET"
+        print(f"{r['config']:36s} {r['n_swapped']:7d} {r['swapped_mib']:6.0f} {r['inserted_ops']:5d} "
+              f"{r['extract_s']:7.2f}s {r['plan_s']:6.2f}s {r['apply_s']:6.2f}s {r['plan_plus_apply_s']:9.2f}s "
+              f"({r['plan_plus_apply_min_s']:.2f}-{r['plan_plus_apply_max_s']:.2f}) {r['trace_s']:6.1f}s  {ok}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--image-size", type=int, default=224, help="input height and width (default 224)")
+    parser.add_argument("--batch", type=int, default=8, help="batch size (default 8)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="traces per config; the table shows medians (default 3)")
+    parser.add_argument("--device-swap-ops", action="store_true",
+                        help="real (identity) swap ops instead of the emulated ones (default on CPU)")
+    parser.add_argument("--quick", action="store_true", help="64x64 inputs (same graph, faster)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help=f"JSON output (default {RESULTS})")
+    args = parser.parse_args(argv)
+    from lms.config import atomic_write_text
+
+    result = run(image_size=64 if args.quick else args.image_size, batch=args.batch,
+                 emulate=not args.device_swap_ops, repeats=args.repeats)
+    _print(result)
+    atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

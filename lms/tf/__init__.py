@@ -1,0 +1,45 @@
+"""The TensorFlow adapter of `lms`: the only code that imports TensorFlow.
+
+- `extract`: traced step -> `lms.graph.Graph` (`extract_graph`, `trace_train_step`).
+- `apply`: `SwapPlan` -> swap ops inserted in the graph being traced (`apply_plan`).
+- `emulate`: swap ops that leave TF's allocator on any machine (CPU emulation).
+- `function`: `lms.function`, a ``tf.function`` for training steps with LMS.
+- `keras`: `LMSModel` / `enable_lms` for Keras 3 ``model.fit``.
+- `train`: `make_train_step`, the standard step.
+
+Submodules are imported on first use, so importing ``lms.tf`` alone does not
+import TensorFlow (``lms.tf.measure`` must set allocator flags before that).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "extract_graph": "lms.tf.extract",
+    "trace_train_step": "lms.tf.extract",
+    "apply_plan": "lms.tf.apply",
+    "emulated_swap_out": "lms.tf.emulate",
+    "emulated_swap_in": "lms.tf.emulate",
+    "default_emulate": "lms.tf.emulate",
+    "function": "lms.tf.function",
+    "LMSFunction": "lms.tf.function",
+    "LMSSummary": "lms.tf.function",
+    "anchor_triggers": "lms.tf.apply",
+    "optimized_graph_def": "lms.tf.apply",
+    "executed_graph_defs": "lms.tf.apply",
+    "swap_op_names": "lms.tf.apply",
+    "LMSModel": "lms.tf.keras",
+    "enable_lms": "lms.tf.keras",
+    "make_train_step": "lms.tf.train",
+    "record_gradients": "lms.tf.train",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'lms.tf' has no attribute {name!r}")

@@ -1,0 +1,397 @@
+"""Apply a finished `SwapPlan` to a TensorFlow graph: insert swap ops, reroute, add triggers.
+
+This is the only place that edits a TensorFlow graph. What to swap and when was
+decided elsewhere (`lms.planner.plan_swaps` over the framework-free graph
+model); this module does exactly what the plan says::
+
+    (fwd_op) -> t -> [lms/swap_out/t @host] -> [lms/swap_in/t_i @device] -> (bwd_op)
+                                                   ^
+                                   (trigger) ......+  control edge
+
+Edit the graph while it is being built (inside the traced Python function,
+before TensorFlow turns it into a function): `lms.function` and `lms.LMSModel`
+do that. Edits to a graph whose function was already created have no effect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.eager import record
+
+from ..graph import Graph, Role
+from ..plan import Swap, SwapIn, SwapPlan
+from .emulate import emulated_swap_in, emulated_swap_out
+
+__all__ = ["apply_plan", "anchor_triggers", "AppliedPlan", "SWAP_OPS", "HOST_DEVICE", "REWRITABLE_TYPES",
+           "DO_NOT_REMOVE_ATTR", "default_compute_device", "swap_op_names", "optimized_graph_def",
+           "executed_graph_defs"]
+
+log = logging.getLogger(__name__)
+
+SWAP_OPS = ("device", "emulated")
+HOST_DEVICE = "/device:CPU:0"
+DO_NOT_REMOVE_ATTR = "_grappler_do_not_remove"
+
+
+@dataclass(frozen=True)
+class AppliedPlan:
+    """What `apply_plan` inserted.
+
+    Attributes:
+        swap_outs: names of the inserted swap-out ops (plan order).
+        swap_ins: names of the inserted swap-in ops (the ops consumers read).
+        inserted_ops: every inserted op (emulated: a swap-out is a copy and a shape op; a
+            swap-in is a DeepCopy, plus a transfer and a shape op with a bandwidth).
+        rerouted_inputs: consumer inputs now reading a swap-in.
+        triggers: control edges added (trigger op -> swap-in op).
+        swap_ops: ``"device"`` or ``"emulated"``.
+    """
+
+    swap_outs: tuple[str, ...]
+    swap_ins: tuple[str, ...]
+    inserted_ops: tuple[str, ...]
+    rerouted_inputs: int
+    triggers: int
+    swap_ops: str
+
+
+def default_compute_device() -> str:
+    """``/device:GPU:0`` when a GPU is visible, else ``/device:CPU:0``."""
+    return "/device:GPU:0" if tf.config.list_logical_devices("GPU") else "/device:CPU:0"
+
+
+# Op types Grappler may fold into a rewrite as an inner node (remapper fusions such as
+# Conv2D+BiasAdd+Add+Relu or Keras' unfused batch norm -> FusedBatchNorm, the arithmetic
+# optimizer's add-chain, broadcast and factor rewrites, layout and cast rewrites).
+# Gradient kernels (ReluGrad, Conv2DBackprop*, MaxPoolGrad, ...) are not among them.
+REWRITABLE_TYPES = frozenset({
+    "Add", "AddV2", "AddN", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Neg", "Square", "Sqrt",
+    "Rsqrt", "Reciprocal", "SquaredDifference", "Maximum", "Minimum", "Pow", "Exp", "Log", "Log1p",
+    "Cast", "BiasAdd", "Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul", "BatchMatMul",
+    "BatchMatMulV2", "BatchMatMulV3", "Einsum", "FusedBatchNorm", "FusedBatchNormV2",
+    "FusedBatchNormV3", "Pad", "Reshape", "Transpose", "Squeeze", "ExpandDims", "Identity", "Relu",
+    "Relu6", "Elu", "Selu", "LeakyRelu", "Sigmoid", "Tanh", "Softplus", "Softmax", "LogSoftmax",
+    "Mean", "Sum",
+})
+
+
+def anchor_triggers(graph: Graph, plan: SwapPlan) -> SwapPlan:
+    r"""Move triggers off ops that Grappler may fold into a rewrite, to the nearest safe ancestor.
+
+    Grappler folds an op into a rewrite (a remapper fusion such as
+    Conv2D+BiasAdd+Add, the arithmetic optimizer's add-chain rewrite, ...) only
+    when the op has exactly one reader and drives no control edge. A trigger's
+    control edge changes that, so the graph with LMS would be optimized
+    differently from the graph without it and results would differ in the last
+    bits (seen on a residual block: a batch-norm ``add_1`` that triggers the
+    skip connection's swap-in). So a trigger of a `REWRITABLE_TYPES` type with
+    one reader moves to its nearest ancestor of the same role that is safe: not
+    a source, and with several readers or of another type::
+
+        (a) -> (b) -> (c)        trigger (b): an AddV2 with one reader, (c)
+          \--> (d)              -> anchored at (a): readers (b) and (d)
+
+    The anchor is an ancestor of the planned trigger, so it runs a little
+    earlier and cannot create a cycle. Like the planner's triggers it must
+    depend on every forward reader of the swapped tensor (for a forward
+    swap-in: on every reader of the original), else the planned trigger is kept.
+
+    Args:
+        graph: the graph model the plan was made for.
+        plan: the planner's plan.
+
+    Returns:
+        The plan with anchored triggers (``SwapIn.strategy`` gains ``"+anchored"``);
+        `plan` itself when nothing moved.
+    """
+    levels = graph.levels
+    position = {name: i for i, name in enumerate(graph.ops)}
+    cache: dict[str, str] = {}
+    changed = False
+    swaps: list[Swap] = []
+    for swap in plan.swaps:
+        forward = [r for r in graph.data_consumers(swap.tensor) if graph.ops[r].role is Role.FORWARD]
+        near = [r for r in forward if r not in swap.consumers]  # still read the original
+        ins: list[SwapIn] = []
+        for si in swap.swap_ins:
+            if si.trigger is not None and si.trigger in graph.ops:
+                if si.trigger not in cache:
+                    cache[si.trigger] = _anchor(graph, si.trigger, position)
+                anchor = cache[si.trigger]
+                # As the planner's: after every forward reader (backward swap-in), or after
+                # the readers of the original (forward swap-in of a skip connection).
+                after = forward if graph.ops[si.consumers[0]].role is Role.BACKWARD else near
+                if anchor != si.trigger and all(graph.is_ancestor(r, anchor) for r in after):
+                    first = min(si.consumers, key=levels.__getitem__)
+                    si = dataclasses.replace(si, trigger=anchor, distance=levels[first] - levels[anchor],
+                                             strategy=f"{si.strategy}+anchored")
+                    changed = True
+            ins.append(si)
+        swaps.append(dataclasses.replace(swap, swap_ins=tuple(ins)))
+    return dataclasses.replace(plan, swaps=tuple(swaps)) if changed else plan
+
+
+def _readers(graph: Graph, op: str) -> int:
+    return len({c for t in graph.ops[op].outputs for c in graph.data_consumers(t)})
+
+
+def _safe_trigger(graph: Graph, op: str) -> bool:
+    """A control edge from `op` cannot change a Grappler rewrite."""
+    o = graph.ops[op]
+    return (o.type not in REWRITABLE_TYPES or _readers(graph, op) != 1
+            or bool(graph.control_outputs(op)))
+
+
+def _anchor(graph: Graph, trigger: str, position: dict[str, int]) -> str:
+    """`trigger` if safe, else its nearest safe same-role data ancestor (not a source)."""
+    if _safe_trigger(graph, trigger):
+        return trigger
+    role = graph.ops[trigger].role
+    seen = {trigger}
+    layer = [trigger]
+    while layer:
+        parents: list[str] = []
+        for op in layer:
+            for p in graph.ops[op].input_ops:
+                if p not in seen and p in graph.ops and graph.ops[p].role is role and graph.ops[p].inputs:
+                    seen.add(p)
+                    parents.append(p)
+        safe = [p for p in parents if _safe_trigger(graph, p)]
+        if safe:
+            return max(safe, key=lambda p: (graph.levels[p], position[p]))
+        layer = parents
+    return trigger
+
+
+def apply_plan(graph: tf.Graph, plan: SwapPlan, *, swap_ops: str = "emulated",
+               bandwidth: float | None = None, device: str | None = None) -> AppliedPlan:
+    """Insert the swap ops of `plan` into `graph` (edited in place).
+
+    Before / after, for a swapped tensor ``t`` read by backward ops ``b1``, ``b2``::
+
+        (f) -> t -> (b1)          (f) -> t -> [swap_out] -+-> [swap_in_0] -> (b1)
+               \\-> (b2)                                   \\-> [swap_in_1] -> (b2)
+                                   (trigger_0) ..> [swap_in_0],  (trigger_1) ..> [swap_in_1]
+
+    Forward readers of ``t`` that the plan does not name keep reading ``t``.
+
+    Args:
+        graph: the graph being traced (a ``FuncGraph``), with the ops the plan names.
+        plan: the plan (`SwapPlan.validate` it against the graph model first).
+        swap_ops: ``"device"``: ``tf.identity`` on the host (``/device:CPU:0``) and
+            on the compute device: a real device-to-host copy on a GPU, a no-op on
+            a CPU. ``"emulated"``: `lms.tf.emulate` ops that move the bytes out of
+            TF's allocator and back on any machine.
+        bandwidth: bytes/s for emulated transfers (each sleeps nbytes/bandwidth).
+        device: compute device for swap-ins whose consumer has no device set;
+            default: `default_compute_device`.
+
+    Returns:
+        `AppliedPlan` listing what was inserted.
+
+    Raises:
+        ValueError: bad `swap_ops`, or the plan does not match the graph (unknown
+            tensor/op, name already taken, a consumer that does not read the tensor).
+    """
+    if swap_ops not in SWAP_OPS:
+        raise ValueError(f"swap_ops={swap_ops!r}: allowed values are " + ", ".join(map(repr, SWAP_OPS)))
+    if swap_ops == "device" and bandwidth is not None:
+        raise ValueError("bandwidth applies to emulated swap ops only (swap_ops='emulated')")
+    if not isinstance(graph, tf.Graph):
+        raise ValueError(f"apply_plan needs the tf.Graph being traced, got {type(graph).__name__}")
+    default_device = device or default_compute_device()
+    swap_outs: list[str] = []
+    swap_ins: list[str] = []
+    inserted: list[str] = []
+    rerouted = triggers = 0
+    with graph.as_default(), record.stop_recording():
+        for swap in plan.swaps:
+            t = _tensor(graph, swap.tensor)
+            host, new_ops = _insert_swap_out(graph, t, swap, swap_ops=swap_ops, bandwidth=bandwidth)
+            swap_outs.append(swap.swap_out)
+            inserted.extend(new_ops)
+            for si in swap.swap_ins:
+                consumers = [_op(graph, c, what=f"consumer of {swap.tensor}") for c in si.consumers]
+                dev = next((c.device for c in consumers if c.device), "") or default_device
+                new_t, new_ops = _insert_swap_in(graph, host, t, si, device=dev, swap_ops=swap_ops,
+                                                 bandwidth=bandwidth)
+                swap_ins.append(si.name)
+                inserted.extend(new_ops)
+                for c in consumers:
+                    rerouted += _reroute(c, t, new_t)
+                if si.trigger is not None:
+                    graph.get_operation_by_name(new_ops[0])._add_control_input(  # noqa: SLF001
+                        _op(graph, si.trigger, what=f"trigger of {si.name}"))
+                    triggers += 1
+    applied = AppliedPlan(tuple(swap_outs), tuple(swap_ins), tuple(inserted), rerouted, triggers, swap_ops)
+    log.debug("applied %d swap-outs, %d swap-ins (%s), %d inputs rerouted", len(swap_outs),
+              len(swap_ins), swap_ops, rerouted)
+    return applied
+
+
+def _insert_swap_out(graph: tf.Graph, t: tf.Tensor, swap: Swap, *, swap_ops: str,
+                     bandwidth: float | None) -> tuple[tf.Tensor, list[str]]:
+    """``(f) -> t``  becomes  ``(f) -> t -> [lms/swap_out/t @host]`` (no reader rerouted yet).
+
+    Created with no control inputs and no name scope, on the host device.
+    Emulated: ``t -> [lms/swap_out/t] -> [lms/swap_out/t/shaped]`` (see `lms.tf.emulate`).
+    """
+    _check_free_name(graph, swap.swap_out)
+    with graph.name_scope(None), graph.control_dependencies(None), graph.colocate_with(
+            None, ignore_existing=True), graph.device(HOST_DEVICE):
+        if swap_ops == "emulated":
+            host = emulated_swap_out(t, name=swap.swap_out, bandwidth=bandwidth)
+        else:
+            host = tf.identity(t, name=swap.swap_out)
+    ops = _ops_between(host.op, stop={t.name})
+    for op in ops:
+        _protect(op)
+    if swap.swap_out not in {op.name for op in ops}:
+        raise ValueError(f"swap-out op {swap.swap_out!r} was not created under its name (name taken?)")
+    return host, [op.name for op in ops]
+
+
+def _insert_swap_in(graph: tf.Graph, host: tf.Tensor, like: tf.Tensor, si: SwapIn, *, device: str,
+                    swap_ops: str, bandwidth: float | None) -> tuple[tf.Tensor, list[str]]:
+    """``[swap_out] -> h``  becomes  ``[swap_out] -> h -> [lms/swap_in/t_i @device]``.
+
+    Returns the new tensor and the inserted op names, the op that takes the
+    trigger (the first to run) first. Emulated: ``h -> [<name>: DeepCopy]``, with a
+    bandwidth ``h -> [<name>/transfer] -> [<name>/shaped] -> [<name>]`` (see `lms.tf.emulate`).
+    """
+    _check_free_name(graph, si.name)
+    with graph.name_scope(None), graph.control_dependencies(None), graph.colocate_with(
+            None, ignore_existing=True), graph.device(device):
+        if swap_ops == "emulated":
+            new_t = emulated_swap_in(host, like=like, name=si.name, bandwidth=bandwidth)
+            ops = _ops_between(new_t.op, stop={host.name, like.name})
+        else:
+            new_t = tf.identity(host, name=si.name)
+            ops = [new_t.op]
+    for op in ops:
+        _protect(op)
+    if new_t.op.name != si.name:
+        raise ValueError(f"swap-in op was named {new_t.op.name!r}, expected {si.name!r}")
+    acd = getattr(graph, "experimental_acd_manager", None)
+    for op in ops:
+        if acd is not None and op.op_def.is_stateful:
+            # DeepCopy is stateful: without this, automatic control dependencies would
+            # chain every swap-in after the previously created stateful op (cycles).
+            acd.run_independently(op)
+    return new_t, [op.name for op in ops]
+
+
+def _ops_between(last: tf.Operation, *, stop: set[str]) -> list[tf.Operation]:
+    """Ops from `last` back to the tensors named in `stop`, in creation (= execution) order."""
+    found: dict[str, tf.Operation] = {}
+    stack = [last]
+    while stack:
+        op = stack.pop()
+        if op.name in found:
+            continue
+        found[op.name] = op
+        stack.extend(t.op for t in op.inputs if t.name not in stop)
+    return sorted(found.values(), key=lambda op: op._id)  # noqa: SLF001
+
+
+def _reroute(consumer: tf.Operation, old: tf.Tensor, new: tf.Tensor) -> int:
+    """``t -> (c)``  becomes  ``new -> (c)`` for every input of `consumer` that reads `old`."""
+    indices = [i for i, inp in enumerate(list(consumer.inputs)) if inp.name == old.name]
+    if not indices:
+        raise ValueError(f"op {consumer.name!r} does not read {old.name!r}; the plan does not match the graph")
+    for i in indices:
+        consumer._update_input(i, new)  # noqa: SLF001
+    return len(indices)
+
+
+def _protect(op: tf.Operation) -> None:
+    """Mark an inserted op for Grappler to leave alone (its dependency optimizer drops identities)."""
+    op._set_attr(DO_NOT_REMOVE_ATTR, attr_value_pb2.AttrValue(b=True))  # noqa: SLF001
+
+
+def _check_free_name(graph: tf.Graph, name: str) -> None:
+    with graph.name_scope(None):
+        if graph.unique_name(name, mark_as_used=False) != name:
+            raise ValueError(f"op name {name!r} is already used in the graph (plan applied twice?)")
+
+
+def _tensor(graph: tf.Graph, name: str) -> tf.Tensor:
+    try:
+        return graph.get_tensor_by_name(name)
+    except (KeyError, ValueError):
+        raise ValueError(f"the plan swaps tensor {name!r}, which is not in the graph") from None
+
+
+def _op(graph: tf.Graph, name: str, *, what: str) -> tf.Operation:
+    try:
+        return graph.get_operation_by_name(name)
+    except (KeyError, ValueError):
+        raise ValueError(f"{what}: op {name!r} is not in the graph") from None
+
+
+# ---- checking what survived Grappler ------------------------------------------------
+
+def swap_op_names(graph_def: Any) -> list[str]:
+    """Names of the ``lms/swap_out/...`` and ``lms/swap_in/...`` nodes of a GraphDef (and its library)."""
+    names = [n.name for n in graph_def.node]
+    for fdef in graph_def.library.function:
+        names.extend(n.name for n in fdef.node_def)
+    return [n for n in names if n.startswith(("lms/swap_out/", "lms/swap_in/"))]
+
+
+def optimized_graph_def(concrete_fn: Any) -> Any:
+    """The step's GraphDef after Grappler's default optimizations, run offline (nothing executes).
+
+    Runs Grappler's meta optimizer on the concrete function's graph, fetching
+    its outputs. The dependency optimizer (which removes plain identities unless
+    they carry ``_grappler_do_not_remove``) and the arithmetic and constant
+    folding passes run; rewrites that need device placement (e.g. oneDNN
+    fusions) do not: for the graph the runtime really ran, use
+    `executed_graph_defs`.
+    """
+    from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
+    from tensorflow.python.grappler import tf_optimizer
+
+    graph = concrete_fn.graph
+    meta = meta_graph_pb2.MetaGraphDef(graph_def=graph.as_graph_def())
+    fetch = meta.collection_def["train_op"].node_list.value
+    for t in graph.outputs:
+        fetch.append(t.name)
+    config = config_pb2.ConfigProto()
+    config.graph_options.rewrite_options.min_graph_nodes = -1  # optimize small graphs too
+    return tf_optimizer.OptimizeGraph(config, meta, verbose=False)
+
+
+def executed_graph_defs(fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
+    """Call ``fn(*args, **kwargs)`` once and return the graphs the runtime ran, after Grappler.
+
+    TensorFlow records a function's optimized graph when it instantiates it,
+    so this must be the first call of `fn` for these argument types (a fresh
+    `LMSFunction` or ``tf.function``). The call runs: a training step updates
+    the weights.
+
+    Returns:
+        The post-optimization GraphDef of every function instantiated by the call.
+
+    Raises:
+        ValueError: nothing was recorded (the function had already run).
+    """
+    from tensorflow.python.eager import context
+
+    context.enable_run_metadata()
+    try:
+        fn(*args, **kwargs)
+        metadata = context.export_run_metadata()
+    finally:
+        context.disable_run_metadata()
+    graphs = [g.post_optimization_graph for g in metadata.function_graphs]
+    if not graphs:
+        raise ValueError("no optimized graph was recorded: TensorFlow records it when it first "
+                         "instantiates a function; pass a function not yet run for these inputs")
+    return graphs

@@ -1,0 +1,146 @@
+"""Emulated swap ops: move a tensor out of TensorFlow's allocator and back, on any machine.
+
+On a CPU-only machine a "host" device does not exist: an identity placed on
+``/CPU:0`` just forwards the buffer, so swapping saves nothing and costs nothing.
+To measure what LMS does to memory and time without a GPU, an *emulated* swap
+pair really takes the bytes out of TF's allocator (the one
+``tf.config.experimental.get_memory_info`` reports, with
+``TF_CPU_ALLOCATOR_USE_BFC=true``) and brings them back::
+
+    (fwd) -> t --> [<out>: numpy_function]   copies t into an aligned numpy buffer;
+                         |                   its output wraps that buffer (zero-copy,
+                         v                   outside TF's allocator)
+                   [<out>/shaped]            EnsureShape (or Reshape to Shape(t)): the
+                         |                   shape, for Grappler
+                         v
+                   [<in>/transfer]           only with a bandwidth: numpy_function that
+                         |                   sleeps nbytes/bandwidth and hands the buffer on
+                         v
+                   [<in>: DeepCopy]          a fresh copy in TF's allocator -> (bwd)
+
+Design:
+- Swap-out is ``tf.numpy_function(..., stateful=False)``: it copies the data into
+  a new numpy array allocated with 128-byte alignment. TF wraps an aligned
+  returned array without copying it (an unaligned one would be copied into TF's
+  allocator, which would defeat the purpose), so the host copy lives in
+  ordinary host memory. Once ``t``'s other readers are done, TF frees ``t``:
+  the allocator's bytes really drop. The host copy is freed by TF's reference
+  counting after the last swap-in read it: no side table, no leaks, thread-safe.
+- A numpy_function's output shape is unknown to Grappler, which would then
+  optimize the readers differently from the graph without LMS (seen: a
+  Conv2D+BiasAdd+Add fusion not made, results off in the last bit). So the
+  swap-out's output goes through ``EnsureShape`` (static shape) or ``Reshape``
+  to ``Shape(t)`` (unknown dims, tied to ``t``'s): both forward the buffer,
+  no copy, no allocation.
+- Swap-in is ``tf.raw_ops.DeepCopy``, which allocates the device copy in TF's
+  allocator, as a host-to-device transfer would. ``DeepCopy`` is stateful;
+  `lms.tf.apply` exempts it from automatic control dependencies (which would
+  chain every stateful op in creation order and create cycles). The numpy
+  functions are stateless (``stateful=False``) for the same reason: a
+  ``tf.py_function`` is stateful.
+- ``bandwidth`` (bytes/s) makes the swap-out, and each swap-in's extra
+  ``transfer`` op, sleep ``nbytes / bandwidth`` seconds; ``time.sleep`` releases
+  the GIL, so compute goes on meanwhile, as with a DMA engine.
+- Copies are bit-exact (``np.copyto``): training with emulated swaps is bitwise
+  identical to training without.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["emulated_swap_out", "emulated_swap_in", "default_emulate", "aligned_empty", "ALIGNMENT"]
+
+# TF wraps a returned numpy array without copying when its data pointer is
+# aligned to EIGEN_MAX_ALIGN_BYTES (64 on AVX-512 builds); 128 covers every build.
+ALIGNMENT = 128
+
+
+def default_emulate() -> bool:
+    """True when no GPU is visible (then a real host device does not exist)."""
+    return not tf.config.list_physical_devices("GPU")
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, *, alignment: int = ALIGNMENT) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data pointer is `alignment`-aligned."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + alignment, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % alignment
+    return raw[offset:offset + nbytes].view(dtype).reshape(shape)
+
+
+def _sleep_for(nbytes: int, bandwidth: float | None) -> None:
+    if bandwidth:
+        time.sleep(nbytes / bandwidth)
+
+
+def _check_bandwidth(bandwidth: float | None) -> None:
+    if bandwidth is not None and not bandwidth > 0:
+        raise ValueError(f"bandwidth={bandwidth!r}: must be a positive number of bytes/s or None")
+
+
+def emulated_swap_out(t: tf.Tensor, *, name: str, bandwidth: float | None = None) -> tf.Tensor:
+    """Copy `t` into host memory outside TF's allocator; return a tensor wrapping the copy.
+
+    ``(producer) -> t -> [<name>: numpy_function copy] -> [<name>/shaped] -> h (host memory)``
+
+    Args:
+        t: the tensor to swap out.
+        name: op name of the swap-out (the numpy_function).
+        bandwidth: bytes/s of the emulated link (sleep ``nbytes/bandwidth``), or None.
+    """
+    _check_bandwidth(bandwidth)
+
+    def _to_host(array: np.ndarray) -> np.ndarray:
+        array = np.asarray(array)
+        host = aligned_empty(array.shape, array.dtype)
+        np.copyto(host, array, casting="no")
+        _sleep_for(host.nbytes, bandwidth)
+        return host
+
+    copied = tf.numpy_function(_to_host, [t], t.dtype, stateful=False, name=name)
+    if t.shape.is_fully_defined():
+        h = tf.ensure_shape(copied, t.shape, name=f"{name}/shaped")
+    else:  # Shape(t): Grappler ties the unknown dims to t's own
+        h = tf.reshape(copied, tf.shape(t, name=f"{name}/shape"), name=f"{name}/shaped")
+    h.set_shape(t.shape)
+    return h
+
+
+def emulated_swap_in(h: tf.Tensor, *, like: tf.Tensor, name: str,
+                     bandwidth: float | None = None) -> tf.Tensor:
+    """Bring a swapped-out tensor back into TF's allocator.
+
+    ``h -> [<name>: DeepCopy] -> (consumers)``; with a bandwidth
+    ``h -> [<name>/transfer: numpy_function, sleeps] -> [<name>/shaped] -> [<name>: DeepCopy]``.
+    The trigger control edge goes on the first of these ops.
+
+    Args:
+        h: output of `emulated_swap_out`.
+        like: the original tensor (gives the static shape).
+        name: op name of the swap-in (the DeepCopy).
+        bandwidth: bytes/s of the emulated link, or None.
+    """
+    _check_bandwidth(bandwidth)
+    if bandwidth:
+        def _from_host(array: np.ndarray) -> np.ndarray:
+            array = np.asarray(array)
+            _sleep_for(array.nbytes, bandwidth)
+            if array.ctypes.data % ALIGNMENT:  # keep the hand-back zero-copy
+                aligned = aligned_empty(array.shape, array.dtype)
+                np.copyto(aligned, array, casting="no")
+                array = aligned
+            return array
+
+        moved = tf.numpy_function(_from_host, [h], h.dtype, stateful=False, name=f"{name}/transfer")
+        if like.shape.is_fully_defined():
+            h = tf.ensure_shape(moved, like.shape, name=f"{name}/shaped")
+        else:
+            h = tf.reshape(moved, tf.shape(h, name=f"{name}/shape"), name=f"{name}/shaped")
+    out = tf.raw_ops.DeepCopy(x=h, name=name)
+    out.set_shape(like.shape)
+    return out

@@ -1,0 +1,392 @@
+"""`lms.function`: a drop-in for ``tf.function`` that applies LMS to a training step.
+
+While TensorFlow traces the step, ``tf.GradientTape.gradient`` is recorded
+(`lms.tf.train.record_gradients`: which tensor is the loss, which ops are the
+backward pass; the patch is active only while an LMS step is being traced).
+When the step's Python function returns, still inside the trace (so after
+``apply_gradients`` too), the graph built so far is read into the graph model
+(`lms.tf.extract.extract_graph`), planned (`lms.plan_swaps`), its triggers
+anchored where Grappler would otherwise optimize differently
+(`lms.tf.apply.anchor_triggers`), checked (`SwapPlan.validate`) and applied
+(`lms.tf.apply.apply_plan`). TensorFlow then adds its automatic control
+dependencies and turns the edited graph into the function it runs::
+
+    @lms.function(config=lms.LMSConfig(n_tensors=-1, lb=3))
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    train_step(x, y)
+    train_step.summary.n_swapped   # tensors swapped in the traced graph
+
+Every (re)trace is planned again for its own graph; `plan`, `graph` and
+`summary` describe the latest trace.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+import types
+import weakref
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping
+
+import tensorflow as tf
+
+from ..config import LMSConfig
+from ..graph import Graph
+from ..plan import SwapPlan
+from ..planner import plan_swaps
+from .apply import AppliedPlan, anchor_triggers, apply_plan
+from .emulate import default_emulate
+from .extract import extract_graph
+from .train import GradientRecord, record_gradients
+
+__all__ = ["function", "LMSFunction", "LMSSummary", "SwappedTensor", "as_config"]
+
+log = logging.getLogger(__name__)
+
+_MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class SwappedTensor:
+    """One swapped tensor of a traced step.
+
+    Attributes:
+        tensor: tensor name.
+        bytes: size at the traced batch.
+        kind: ``"backward"``, ``"branch"`` or ``"backward+branch"``.
+        consumers: ops that read the swapped-in copy.
+        trigger: trigger of the first swap-in (the one serving the earliest consumer).
+        swap_ins: names of its swap-in ops.
+    """
+
+    tensor: str
+    bytes: int
+    kind: str
+    consumers: tuple[str, ...]
+    trigger: str | None
+    swap_ins: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LMSSummary:
+    """What LMS did to one traced step.
+
+    Attributes:
+        n_swapped: tensors swapped.
+        swapped_bytes: their bytes at `batch_size`.
+        n_swap_ins: swap-in ops.
+        n_candidates: tensors the planner considered.
+        batch_size: batch the sizes refer to.
+        swap_ops: ``"device"`` or ``"emulated"``.
+        swapped: one entry per swapped tensor.
+    """
+
+    n_swapped: int
+    swapped_bytes: int
+    n_swap_ins: int
+    n_candidates: int
+    batch_size: int
+    swap_ops: str
+    swapped: tuple[SwappedTensor, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["swapped"] = [dict(s, consumers=list(s["consumers"]), swap_ins=list(s["swap_ins"]))
+                          for s in out["swapped"]]
+        return out
+
+    @classmethod
+    def from_plan(cls, plan: SwapPlan, *, swap_ops: str) -> "LMSSummary":
+        swapped = tuple(
+            SwappedTensor(tensor=s.tensor, bytes=s.nbytes, kind=s.kind, consumers=s.consumers,
+                          trigger=s.swap_ins[0].trigger if s.swap_ins else None,
+                          swap_ins=tuple(i.name for i in s.swap_ins))
+            for s in plan.swaps)
+        return cls(n_swapped=plan.n_swapped, swapped_bytes=plan.swapped_bytes, n_swap_ins=plan.n_swap_ins,
+                   n_candidates=plan.n_candidates, batch_size=plan.batch_size, swap_ops=swap_ops,
+                   swapped=swapped)
+
+
+def as_config(config: Any) -> LMSConfig:
+    """An `LMSConfig` from a config or a mapping of its fields; ValueError otherwise."""
+    if isinstance(config, LMSConfig):
+        return config
+    if isinstance(config, Mapping):
+        return LMSConfig.from_dict(config)
+    raise ValueError(f"config must be an lms.LMSConfig or a dict of its fields, got {type(config).__name__}")
+
+
+@dataclass(frozen=True)
+class _Trace:
+    graph: Graph | None
+    plan: SwapPlan
+    applied: AppliedPlan | None
+    summary: LMSSummary
+    timings: Mapping[str, float]
+
+
+class _Rewriter:
+    """Runs a step's Python function inside a trace and applies LMS to what it built.
+
+    Shared by `LMSFunction` and `lms.tf.keras`.
+    """
+
+    def __init__(self, config: Any, *, emulate: bool | None, bandwidth: float | None,
+                 device: str | None, owner: str) -> None:
+        self.config = as_config(config)
+        if bandwidth is not None and (isinstance(bandwidth, bool) or not bandwidth > 0):
+            raise ValueError(f"bandwidth={bandwidth!r}: must be a positive number of bytes/s or None")
+        self.emulate = default_emulate() if emulate is None else bool(emulate)
+        if bandwidth is not None and not self.emulate:
+            raise ValueError("bandwidth emulates a link and needs emulated swap ops (emulate=True)")
+        self.swap_ops = "emulated" if self.emulate else "device"
+        self.bandwidth = bandwidth
+        self.device = device
+        self.owner = owner
+        self.last: _Trace | None = None
+        self._lock = threading.Lock()
+
+    @tf.autograph.experimental.do_not_convert
+    def session(self, args: tuple, kwargs: dict, *, batch_hint: int | None) -> "_Session":
+        """Context for one trace of the step: records gradients, rewrites on a clean exit.
+
+        Not converted by AutoGraph (planning is plain Python); the step's own
+        code inside the ``with`` block still is.
+        """
+        return _Session(self, args, kwargs, batch_hint=batch_hint)
+
+    def _rewrite(self, graph: tf.Graph, rec: GradientRecord, args: tuple, kwargs: dict, *,
+                 batch_hint: int | None) -> None:
+        """Extract, plan, anchor triggers, validate and apply, on the graph being traced."""
+        start = time.perf_counter()
+        static_batch = _batch_dim(graph, args, kwargs)
+        symbolic = static_batch is None
+        batch = static_batch or batch_hint or 1
+        model = extract_graph(graph, loss_tensor=rec.targets, batch_size=batch, symbolic_batch=symbolic,
+                              backward_ops=rec.backward_ops, name=self.owner)
+        extracted = time.perf_counter()
+        plan = anchor_triggers(model, plan_swaps(model, self.config))
+        plan.validate(model)
+        planned = time.perf_counter()
+        applied = apply_plan(graph, plan, swap_ops=self.swap_ops, bandwidth=self.bandwidth, device=self.device)
+        done = time.perf_counter()
+        summary = LMSSummary.from_plan(plan, swap_ops=self.swap_ops)
+        timings = {"extract_s": extracted - start, "plan_s": planned - extracted, "apply_s": done - planned}
+        with self._lock:
+            self.last = _Trace(model, plan, applied, summary, timings)
+        log.info("LMS: swapped %d tensors (%.1f MiB at batch %d) of %d candidates with %d swap-ins "
+                 "(%s swap ops) in %s; extract+plan+apply %.2f s", plan.n_swapped,
+                 plan.swapped_bytes / _MiB, batch, plan.n_candidates, plan.n_swap_ins, self.swap_ops,
+                 self.owner, done - start)
+
+    def set_disabled(self, args: tuple, kwargs: dict, *, graph: tf.Graph, batch_hint: int | None) -> None:
+        """Record an empty plan for a trace with LMS off (``n_tensors=0``)."""
+        batch = _batch_dim(graph, args, kwargs) or batch_hint or 1
+        plan = SwapPlan(config=self.config, batch_size=batch, graph_name=self.owner)
+        with self._lock:
+            self.last = _Trace(None, plan, None, LMSSummary.from_plan(plan, swap_ops=self.swap_ops), {})
+        log.info("LMS: off (n_tensors=0) in %s", self.owner)
+
+
+class _Session:
+    """One trace: ``with rewriter.session(...): step(...)`` (see `_Rewriter.session`)."""
+
+    def __init__(self, rewriter: _Rewriter, args: tuple, kwargs: dict, *, batch_hint: int | None) -> None:
+        self._rewriter = rewriter
+        self._args = args
+        self._kwargs = kwargs
+        self._batch_hint = batch_hint
+        self._graph: tf.Graph | None = None
+        self._recorder: record_gradients | None = None
+        self._record: GradientRecord | None = None
+
+    def __enter__(self) -> "_Session":
+        rw = self._rewriter
+        graph = tf.compat.v1.get_default_graph()
+        if tf.executing_eagerly() or not _building_function(graph):
+            log.warning("%s: running eagerly; LMS rewrites traced graphs only, nothing swapped", rw.owner)
+            return self
+        if not rw.config.enabled:
+            rw.set_disabled(self._args, self._kwargs, graph=graph, batch_hint=self._batch_hint)
+            return self
+        self._graph = graph
+        self._recorder = record_gradients(graph)
+        self._record = self._recorder.__enter__()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._recorder is None:
+            return
+        self._recorder.__exit__(exc_type, exc, tb)
+        if exc_type is not None:
+            return
+        rw = self._rewriter
+        if not self._record.calls:
+            raise ValueError(
+                f"{rw.owner}: the step computed no gradients with tf.GradientTape, so there are no "
+                "activations kept for a backward pass to swap; use tf.function for this function")
+        rw._rewrite(self._graph, self._record, self._args, self._kwargs,  # noqa: SLF001
+                    batch_hint=self._batch_hint)
+
+
+def _building_function(graph: tf.Graph) -> bool:
+    """True for a graph being traced into a function (a FuncGraph)."""
+    return bool(getattr(graph, "building_function", False))
+
+
+def _batch_dim(graph: tf.Graph, args: tuple, kwargs: dict) -> int | None:
+    """Static dim 0 of the first tensor argument with rank >= 1 (None if unknown)."""
+    for t in tf.nest.flatten((args, kwargs)):
+        if tf.is_tensor(t) and t.shape.rank:
+            return t.shape[0]
+    return None
+
+
+def _call_batch(args: tuple, kwargs: dict) -> int | None:
+    for t in tf.nest.flatten((args, kwargs)):
+        shape = getattr(t, "shape", None)
+        if shape is not None and len(shape) >= 1 and shape[0] is not None:
+            return int(shape[0])
+    return None
+
+
+class LMSFunction:
+    """A ``tf.function`` whose traced graph swaps activations to host memory (see module docstring).
+
+    Attributes:
+        config: the `LMSConfig`.
+        swap_ops: ``"emulated"`` or ``"device"``.
+    """
+
+    def __init__(self, fn: Callable, *, config: Any, emulate: bool | None = None,
+                 bandwidth: float | None = None, device: str | None = None, **tf_function_kwargs: Any) -> None:
+        if not callable(fn):
+            raise ValueError(f"lms.function needs a callable, got {type(fn).__name__}")
+        if tf_function_kwargs.get("jit_compile"):
+            raise ValueError("lms.function: jit_compile=True is not supported: XLA compiles the step as one "
+                             "cluster and bypasses graph-level swap ops; use jit_compile=False or None")
+        name = getattr(fn, "__name__", "step")
+        self._rewriter = _Rewriter(config, emulate=emulate, bandwidth=bandwidth, device=device,
+                                   owner=f"lms.function({name})")
+        self._fn = fn
+        self._options = {"emulate": emulate, "bandwidth": bandwidth, "device": device, **tf_function_kwargs}
+        self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._hint = threading.local()
+
+        rewriter = self._rewriter
+        hint = self._hint
+
+        @functools.wraps(fn)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            with rewriter.session(args, kwargs, batch_hint=getattr(hint, "batch", None)):
+                out = fn(*args, **kwargs)
+            return out
+
+        self._tf_function = tf.function(traced, **tf_function_kwargs)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._hint.batch = _call_batch(args, kwargs)
+        return self._tf_function(*args, **kwargs)
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        """Used as a method decorator: one `LMSFunction` per instance, bound to it."""
+        if instance is None:
+            return self
+        bound = self._bound.get(instance)
+        if bound is None:
+            bound = LMSFunction(types.MethodType(self._fn, instance), config=self.config, **self._options)
+            self._bound[instance] = bound
+        return bound
+
+    def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
+        """Trace (with LMS applied) and return the concrete function, like ``tf.function``'s."""
+        self._hint.batch = _call_batch(args, kwargs)
+        return self._tf_function.get_concrete_function(*args, **kwargs)
+
+    @property
+    def config(self) -> LMSConfig:
+        return self._rewriter.config
+
+    @property
+    def swap_ops(self) -> str:
+        return self._rewriter.swap_ops
+
+    @property
+    def python_function(self) -> Callable:
+        return self._fn
+
+    @property
+    def tf_function(self) -> Any:
+        """The underlying ``tf.function``."""
+        return self._tf_function
+
+    @property
+    def plan(self) -> SwapPlan | None:
+        """Plan of the latest trace (None before the first call)."""
+        last = self._rewriter.last
+        return last.plan if last else None
+
+    @property
+    def graph(self) -> Graph | None:
+        """Graph model the latest plan was made for (the step as traced, before rewriting)."""
+        last = self._rewriter.last
+        return last.graph if last else None
+
+    @property
+    def applied(self) -> AppliedPlan | None:
+        last = self._rewriter.last
+        return last.applied if last else None
+
+    @property
+    def summary(self) -> LMSSummary | None:
+        """`LMSSummary` of the latest trace (None before the first call)."""
+        last = self._rewriter.last
+        return last.summary if last else None
+
+    @property
+    def timings(self) -> Mapping[str, float] | None:
+        """Seconds the latest trace spent in ``extract_s``, ``plan_s`` (plan, anchor, validate), ``apply_s``."""
+        last = self._rewriter.last
+        return dict(last.timings) if last else None
+
+
+def function(fn: Callable | None = None, *, config: Any, emulate: bool | None = None,
+             bandwidth: float | None = None, device: str | None = None,
+             **tf_function_kwargs: Any) -> Any:
+    """``tf.function`` for a training step, with Large Model Support.
+
+    Use as ``lms.function(step, config=...)`` or ``@lms.function(config=...)``.
+
+    Args:
+        fn: the step: forward pass, ``tf.GradientTape``, optimizer update.
+        config: an `LMSConfig` (or a dict of its fields).
+        emulate: emulated swap ops (`lms.tf.emulate`) instead of real host copies;
+            default: emulate when no GPU is visible.
+        bandwidth: bytes/s of the emulated link (emulated swap ops sleep
+            nbytes/bandwidth); None: no sleep.
+        device: compute device for swap-ins (default: the consumers' device,
+            else GPU:0 if present, else CPU:0).
+        **tf_function_kwargs: passed to ``tf.function`` (``jit_compile=True`` is refused).
+
+    Returns:
+        An `LMSFunction` (or a decorator making one).
+
+    Raises:
+        ValueError: invalid config or bandwidth, ``jit_compile=True``; on the
+            first call, a step that computes no gradients.
+    """
+    if fn is None:
+        return lambda f: LMSFunction(f, config=config, emulate=emulate, bandwidth=bandwidth, device=device,
+                                     **tf_function_kwargs)
+    return LMSFunction(fn, config=config, emulate=emulate, bandwidth=bandwidth, device=device,
+                       **tf_function_kwargs)

@@ -1,0 +1,187 @@
+"""Large Model Support for Keras 3 ``model.fit`` (TensorFlow backend).
+
+Keras traces ``train_step`` inside its own ``tf.function``; LMS wraps that
+``train_step`` so that, at the end of the trace, the step's graph is planned
+and rewritten exactly as `lms.function` does. Two ways in::
+
+    import keras, lms
+
+    # 1. A model class: subclassed (define call) or functional (inputs/outputs).
+    inputs = keras.Input((32, 32, 3))
+    hidden = keras.layers.Conv2D(16, 3, activation="relu")(inputs)
+    outputs = keras.layers.Dense(10)(keras.layers.Flatten()(hidden))
+    model = lms.LMSModel(inputs, outputs, lms_config=lms.LMSConfig(lb=3))
+    model.compile(optimizer="sgd", loss="mse")       # jit_compile="auto" becomes False
+    model.fit(x, y, batch_size=8, epochs=1)
+    model.lms.summary.n_swapped                       # 1: the conv's activation
+
+    # 2. An existing model (e.g. keras.applications.ResNet50(weights=None)).
+    model = lms.enable_lms(model, lms.LMSConfig(n_tensors=100, lb=5))
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=8)
+
+XLA (``jit_compile=True``) compiles the step as one cluster and bypasses
+graph-level swap ops, so it is refused; Keras' default ``"auto"`` (XLA on a
+GPU) is turned into ``False``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import keras
+
+from ..config import LMSConfig
+from ..graph import Graph
+from ..plan import SwapPlan
+from .function import LMSSummary, _Rewriter
+
+__all__ = ["LMSModel", "enable_lms", "KerasLMS"]
+
+log = logging.getLogger(__name__)
+
+_JIT_MESSAGE = ("LMS cannot rewrite an XLA-compiled step (jit_compile=True bypasses graph-level swap ops); "
+                "compile the model with jit_compile=False")
+
+
+class KerasLMS:
+    """LMS state of one Keras model: config, and what the latest traced train step swapped.
+
+    Attributes:
+        config: the `LMSConfig`.
+        swap_ops: ``"emulated"`` or ``"device"``.
+    """
+
+    def __init__(self, config: Any, *, emulate: bool | None = None, bandwidth: float | None = None,
+                 device: str | None = None, owner: str = "model.fit") -> None:
+        self._rewriter = _Rewriter(config, emulate=emulate, bandwidth=bandwidth, device=device, owner=owner)
+
+    @property
+    def config(self) -> LMSConfig:
+        return self._rewriter.config
+
+    @property
+    def swap_ops(self) -> str:
+        return self._rewriter.swap_ops
+
+    @property
+    def summary(self) -> LMSSummary | None:
+        """`LMSSummary` of the latest traced train step (None before ``fit``)."""
+        last = self._rewriter.last
+        return last.summary if last else None
+
+    @property
+    def plan(self) -> SwapPlan | None:
+        last = self._rewriter.last
+        return last.plan if last else None
+
+    @property
+    def graph(self) -> Graph | None:
+        last = self._rewriter.last
+        return last.graph if last else None
+
+    def train_step(self, model: Any, train_step: Any, data: Any) -> Any:
+        """Run Keras' `train_step` (during tracing) and rewrite what it built."""
+        if model.jit_compile:
+            raise ValueError(_JIT_MESSAGE)
+        with self._rewriter.session((data,), {}, batch_hint=None):
+            logs = train_step(data)
+        return logs
+
+
+def _compile_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    jit = kwargs.get("jit_compile", "auto")
+    if jit is True:
+        raise ValueError(_JIT_MESSAGE)
+    if jit == "auto":
+        log.debug("LMS: jit_compile='auto' -> False (XLA would bypass the swap ops)")
+    return {**kwargs, "jit_compile": False}
+
+
+def _functional_arguments(args: tuple, kwargs: dict) -> bool:
+    """The call looks like ``Model(inputs, outputs)`` (Keras' own test)."""
+    return (len(args) == 2 or (len(args) == 1 and "outputs" in kwargs)
+            or ("inputs" in kwargs and "outputs" in kwargs))
+
+
+class LMSModel(keras.Model):
+    """A ``keras.Model`` whose ``fit`` swaps activations to host memory.
+
+    Subclass it and define ``call`` (as with ``keras.Model``), or call it with
+    ``inputs`` and ``outputs``: that returns a functional ``keras.Model`` with
+    `enable_lms` applied (Keras would otherwise turn the class itself into a
+    functional model for good, breaking later subclasses).
+
+    Args:
+        *args, **kwargs: as for ``keras.Model``.
+        lms_config: the `LMSConfig` (or a dict of its fields); default: all
+            candidates, just in time (``LMSConfig()``).
+        lms_emulate: emulated swap ops; default: when no GPU is visible.
+        lms_bandwidth: bytes/s of the emulated link, or None.
+
+    The LMS state (summary, plan) is ``model.lms``.
+    """
+
+    def __new__(cls, *args: Any, lms_config: Any = None, lms_emulate: bool | None = None,
+                lms_bandwidth: float | None = None, **kwargs: Any) -> Any:
+        if _functional_arguments(args, kwargs):
+            return enable_lms(keras.Model(*args, **kwargs), LMSConfig() if lms_config is None else lms_config,
+                              emulate=lms_emulate, bandwidth=lms_bandwidth)
+        return super().__new__(cls, *args, **kwargs)
+
+    def __init__(self, *args: Any, lms_config: Any = None, lms_emulate: bool | None = None,
+                 lms_bandwidth: float | None = None, **kwargs: Any) -> None:
+        state = KerasLMS(LMSConfig() if lms_config is None else lms_config, emulate=lms_emulate,
+                         bandwidth=lms_bandwidth, owner=f"{type(self).__name__}.fit")
+        super().__init__(*args, **kwargs)
+        object.__setattr__(self, "_lms_state", state)
+
+    @property
+    def lms(self) -> KerasLMS:
+        return self._lms_state
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """``keras.Model.compile`` with ``jit_compile`` forced off (True is refused)."""
+        super().compile(*args, **_compile_kwargs(kwargs))
+
+    def train_step(self, data: Any) -> Any:
+        return self._lms_state.train_step(self, super().train_step, data)
+
+
+def enable_lms(model: Any, config: Any, *, emulate: bool | None = None, bandwidth: float | None = None,
+               device: str | None = None) -> Any:
+    """Turn on LMS for an existing Keras model's ``fit`` (in place); returns the model.
+
+    Works before or after ``compile``: a later ``compile`` gets ``jit_compile``
+    forced off (True is refused); an earlier one that resolved to XLA is
+    switched off with a warning. Calling it again replaces the config.
+    The LMS state (summary, plan) is ``model.lms``.
+
+    Args:
+        model: a ``keras.Model`` (TensorFlow backend).
+        config: an `LMSConfig` (or a dict of its fields).
+        emulate / bandwidth / device: as for `lms.function`.
+    """
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"enable_lms needs a keras.Model, got {type(model).__name__}")
+    state = KerasLMS(config, emulate=emulate, bandwidth=bandwidth, device=device,
+                     owner=f"{model.name}.fit")
+    original_step = model.__dict__.get("_lms_original_train_step") or model.train_step
+    original_compile = model.__dict__.get("_lms_original_compile") or model.compile
+
+    def train_step(data: Any) -> Any:
+        return state.train_step(model, original_step, data)
+
+    def compile(*args: Any, **kwargs: Any) -> None:  # noqa: A001 - mirrors keras.Model.compile
+        original_compile(*args, **_compile_kwargs(kwargs))
+
+    for name, value in (("_lms_original_train_step", original_step), ("_lms_original_compile", original_compile),
+                        ("_lms_state", state), ("lms", state), ("train_step", train_step),
+                        ("compile", compile)):
+        object.__setattr__(model, name, value)
+    if getattr(model, "compiled", False) and model.jit_compile:
+        log.warning("LMS: turning off XLA (jit_compile) for %s: it would bypass the swap ops", model.name)
+        model.jit_compile = False
+    model.train_function = None  # rebuilt by the next fit with the wrapped train_step
+    return model

@@ -1,0 +1,456 @@
+"""Measure a training step's real memory peak and time.
+
+On CPU the figure is TensorFlow's BFC allocator peak (byte-exact, includes the
+variables) over the timed steps; on GPU the GPU allocator's peak, with NVML's
+per-process and device-wide peaks beside it (they include TF's pool, which
+never shrinks, and the CUDA context). Each figure says where it came from.
+
+Both allocator settings are read when TensorFlow's runtime starts (its first
+op or device query), not at ``import tensorflow``; call the ``configure_*``
+helpers before that, best before importing TensorFlow::
+
+    from lms.tf.measure import configure_cpu_allocator, measure_step
+    configure_cpu_allocator()          # TF_CPU_ALLOCATOR_USE_BFC=true
+    ...
+    m = measure_step(train_step, (x, y), warmup=2, steps=5)
+    m.peak_device_bytes, m.median_step_s, m.throughput()
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lms import hostmem
+from lms.nvml import NvmlReading, NvmlSampler, nvml_available
+
+__all__ = [
+    "BFC_ENV", "GROWTH_ENV", "StepMeasurement", "configure_cpu_allocator",
+    "configure_gpu_memory_growth", "cpu_allocator_is_bfc", "default_device", "measure_step",
+]
+
+log = logging.getLogger(__name__)
+
+BFC_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
+GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
+SOURCE_CPU = "tf-bfc-cpu"
+SOURCE_GPU = "tf-allocator-gpu"
+_PROBE_ELEMENTS = 64  # a 256-byte float32 tensor: BFC counts it, oneDNN's small-size path does not
+
+
+# --- configuration ----------------------------------------------------------------------
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true")
+
+
+def _runtime_started() -> bool | None:
+    """Whether TensorFlow's eager context (its devices and allocators) exists; None if unknown."""
+    if sys.modules.get("tensorflow") is None:
+        return False
+    try:
+        from tensorflow.python.eager import context
+        return bool(context.context()._initialized)  # private; guarded
+    except Exception:
+        return None
+
+
+def cpu_allocator_is_bfc() -> bool:
+    """True when TF's CPU allocator counts every allocation (the BFC allocator).
+
+    Probes with a 256-byte tensor: with oneDNN's default allocator, small
+    allocations bypass the statistics (the peak would be too low); with oneDNN
+    off and no BFC, ``get_memory_info`` has no statistics at all. Starts TF's
+    runtime if it has not started.
+    """
+    import tensorflow as tf
+
+    try:
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        with tf.device("/CPU:0"):
+            probe = tf.fill([_PROBE_ELEMENTS], 1.0)
+        after = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    except ValueError:
+        return False
+    del probe
+    return after - before >= _PROBE_ELEMENTS * 4
+
+
+def configure_cpu_allocator() -> None:
+    """Make TF's CPU allocator the BFC allocator, so the CPU peak is byte-exact.
+
+    Sets ``TF_CPU_ALLOCATOR_USE_BFC=true``. TF reads it when its runtime starts;
+    if that has already happened without it, raises RuntimeError (the setting
+    can no longer take effect in this process).
+    """
+    was_set = _env_true(BFC_ENV)
+    os.environ[BFC_ENV] = "true"
+    started = _runtime_started()
+    if started is False or was_set:
+        return
+    if started is None:
+        log.warning("cannot tell whether TensorFlow's runtime has started; %s=true takes "
+                    "effect only if it has not (measure_step checks)", BFC_ENV)
+        return
+    if not cpu_allocator_is_bfc():
+        raise RuntimeError(
+            f"TensorFlow's runtime started before {BFC_ENV}=true was set, so its CPU allocator "
+            "is not the BFC allocator and CPU memory peaks would be wrong. Call "
+            "lms.tf.measure.configure_cpu_allocator() (or set the variable) before TensorFlow "
+            "runs its first op, e.g. at the top of the script or in a fresh process.")
+
+
+def configure_gpu_memory_growth() -> None:
+    """Let TF's GPU pool grow on demand (``TF_FORCE_GPU_ALLOW_GROWTH=true``).
+
+    Without it TF takes almost the whole card at start and NVML's figures say
+    nothing about the model. Must run before TF initialises the GPU; raises
+    RuntimeError if a GPU was already initialised without growth.
+    """
+    was_set = _env_true(GROWTH_ENV)
+    os.environ[GROWTH_ENV] = "true"
+    if was_set or _runtime_started() is False:
+        return
+    import tensorflow as tf
+
+    for gpu in tf.config.list_physical_devices("GPU"):
+        if not tf.config.experimental.get_memory_growth(gpu):
+            raise RuntimeError(
+                f"TensorFlow initialised {gpu.name} before {GROWTH_ENV}=true was set, so its "
+                "memory pool does not grow on demand. Call "
+                "lms.tf.measure.configure_gpu_memory_growth() before TensorFlow runs its "
+                "first op (one measurement per fresh process).")
+
+
+# --- the measurement --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepMeasurement:
+    """One measured training step configuration.
+
+    Attributes:
+        device: the TF device measured, e.g. ``"CPU:0"``.
+        device_name: its model (NVML / TF device details / /proc/cpuinfo).
+        peak_device_bytes: the allocator's peak over the timed steps (includes
+            variables, optimizer slots and everything else resident): the
+            largest of `step_peaks_bytes`.
+        step_peaks_bytes: the allocator's peak in each timed step (its
+            statistic is reset before each). They differ where the executor
+            orders ops differently from step to step (inter-op threads).
+        peak_source: ``"tf-bfc-cpu"`` or ``"tf-allocator-gpu"``.
+        baseline_device_bytes: allocator bytes in use when the timed steps began.
+        step_times_s: wall time of each timed step (synchronised), seconds.
+        median_step_s: their median.
+        spread_s: their interquartile range (``spread_kind == "iqr"``).
+        warmup_steps: untimed steps run first (tracing, Grappler, first-run peaks).
+        batch_size: leading dimension of the first input, if it has one.
+        nvml_process_peak_bytes / nvml_device_peak_bytes: NVML's peaks of this
+            process and of the whole device over the timed steps; ``None`` off
+            GPU or without NVML.
+        nvml: the full NVML reading, or ``None``.
+        host_peak_rss_bytes: this process's peak RSS (see ``host_peak_source``).
+        host_peak_source: ``"proc-vmhwm-window"`` (timed steps only) or
+            ``"getrusage-maxrss-process"`` (whole process life).
+        host_rss_bytes: RSS after the timed steps (``VmRSS``), or ``None``.
+        tf_version: TensorFlow's version.
+    """
+
+    device: str
+    device_name: str
+    peak_device_bytes: int
+    peak_source: str
+    baseline_device_bytes: int
+    step_peaks_bytes: tuple[int, ...]
+    step_times_s: tuple[float, ...]
+    median_step_s: float
+    spread_s: float
+    warmup_steps: int
+    batch_size: int | None
+    host_peak_rss_bytes: int
+    host_peak_source: str
+    host_rss_bytes: int | None
+    nvml_process_peak_bytes: int | None = None
+    nvml_device_peak_bytes: int | None = None
+    nvml: NvmlReading | None = field(default=None, repr=False)
+    spread_kind: str = "iqr"
+    tf_version: str = ""
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_times_s)
+
+    @property
+    def median_step_peak_bytes(self) -> int:
+        """Median of the per-step peaks: the typical step (``peak_device_bytes`` is the worst)."""
+        return int(np.median(self.step_peaks_bytes))
+
+    def throughput(self, batch_size: int | None = None) -> float:
+        """Samples per second at the median step time."""
+        batch = self.batch_size if batch_size is None else batch_size
+        if batch is None:
+            raise ValueError("batch size unknown: pass throughput(batch_size=...)")
+        return batch / self.median_step_s
+
+    @property
+    def sources(self) -> dict[str, str | None]:
+        """Where each figure comes from (``None``: figure absent)."""
+        return {
+            "peak_device_bytes": self.peak_source,
+            "baseline_device_bytes": self.peak_source,
+            "step_peaks_bytes": self.peak_source,
+            "median_step_peak_bytes": self.peak_source,
+            "step_times_s": "time.perf_counter, output synchronised",
+            "nvml_process_peak_bytes":
+                None if self.nvml_process_peak_bytes is None else "nvml-process",
+            "nvml_device_peak_bytes":
+                None if self.nvml_device_peak_bytes is None else "nvml-device",
+            "host_peak_rss_bytes": self.host_peak_source,
+            "host_rss_bytes": None if self.host_rss_bytes is None else "proc-vmrss",
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able figures with a ``sources`` entry labelling each."""
+        return {
+            "device": self.device, "device_name": self.device_name,
+            "batch_size": self.batch_size,
+            "peak_device_bytes": self.peak_device_bytes, "peak_source": self.peak_source,
+            "baseline_device_bytes": self.baseline_device_bytes,
+            "step_peaks_bytes": list(self.step_peaks_bytes),
+            "median_step_peak_bytes": self.median_step_peak_bytes,
+            "step_times_s": list(self.step_times_s), "median_step_s": self.median_step_s,
+            "spread_s": self.spread_s, "spread_kind": self.spread_kind,
+            "warmup_steps": self.warmup_steps, "steps": self.steps,
+            "throughput": None if self.batch_size is None else self.throughput(),
+            "nvml_process_peak_bytes": self.nvml_process_peak_bytes,
+            "nvml_device_peak_bytes": self.nvml_device_peak_bytes,
+            "nvml": None if self.nvml is None else self.nvml.to_dict(),
+            "host_peak_rss_bytes": self.host_peak_rss_bytes,
+            "host_peak_source": self.host_peak_source,
+            "host_rss_bytes": self.host_rss_bytes,
+            "tf_version": self.tf_version,
+            "sources": self.sources,
+        }
+
+
+def default_device() -> str:
+    """``"GPU:0"`` when TF sees a GPU, else ``"CPU:0"``."""
+    import tensorflow as tf
+
+    return "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+
+
+def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, steps: int = 5,
+                 device: str | None = None, nvml: bool | NvmlSampler | None = None,
+                 reset_host_peak: bool = True) -> StepMeasurement:
+    """Run ``step`` untimed ``warmup`` times, then ``steps`` timed times, and measure.
+
+    The allocator's peak statistic is reset before each timed step, so tracing,
+    Grappler and first-run allocations are excluded; each timed step waits for
+    its outputs (converted to numpy; on GPU also ``sync_devices``).
+
+    Args:
+        step: called as ``step(*batch)`` (a tuple batch) or ``step(batch)``;
+            e.g. a tf.function / `lms.function` training step returning the loss.
+        batches: one batch used for every step (a tuple of arguments, a dict,
+            or a single tensor/array), or a list (any sequence) of batches used
+            in turn, cycling, or an iterator, consumed (``warmup + steps``
+            batches). Fetching a batch is not timed.
+        warmup: untimed steps first (>= 1 advised: the first includes tracing).
+        steps: timed steps (>= 1).
+        device: TF device whose allocator to read; default `default_device()`.
+            The step's own placement is not changed.
+        nvml: ``None``: sample NVML on GPU when available; ``True``: required
+            (raises if unusable); ``False``: off; or an `NvmlSampler` to use.
+        reset_host_peak: reset this process's RSS high-water mark (and so, on
+            Linux, ``ru_maxrss``) before the timed steps, so the host peak
+            covers them only.
+
+    Raises:
+        RuntimeError: on CPU, when TF's CPU allocator is not BFC (see
+            `configure_cpu_allocator`).
+    """
+    import tensorflow as tf
+
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    device = _normalise_device(device or default_device())
+    on_gpu = device.startswith("GPU:")
+    if not on_gpu and not cpu_allocator_is_bfc():
+        raise RuntimeError(
+            f"TensorFlow's CPU allocator is not the BFC allocator, so get_memory_info('CPU:0') "
+            f"misses allocations. Set {BFC_ENV}=true before TensorFlow starts "
+            "(lms.tf.measure.configure_cpu_allocator(), or in the environment).")
+    kind, index = device.split(":")
+    if int(index) >= len(tf.config.list_logical_devices(kind)):
+        raise ValueError(f"device {device!r}: TensorFlow sees "
+                         f"{len(tf.config.list_logical_devices(kind))} {kind} device(s)")
+    sampler = _make_sampler(nvml, on_gpu=on_gpu, device=device)
+    if on_gpu and sampler is not None and not _gpu_growth_enabled(tf, int(index)):
+        log.warning("GPU memory growth is off: NVML's figures show TF's whole pool, not the "
+                    "model (lms.tf.measure.configure_gpu_memory_growth())")
+    next_batch = _batch_source(batches, needed=warmup + steps)
+
+    if warmup == 0:
+        log.warning("warmup=0: the first timed step includes tracing and graph optimisation")
+    first_batch = None
+    for _ in range(warmup):
+        batch = next_batch()
+        first_batch = batch if first_batch is None else first_batch
+        _synchronise(_call(step, batch), on_gpu=on_gpu)
+
+    gc.collect()
+    baseline = int(tf.config.experimental.get_memory_info(device)["current"])
+    host_window = hostmem.reset_peak_rss() if reset_host_peak else False
+    times: list[float] = []
+    step_peaks: list[int] = []
+    with sampler if sampler is not None else nullcontext():
+        for _ in range(steps):
+            batch = next_batch()
+            first_batch = batch if first_batch is None else first_batch
+            tf.config.experimental.reset_memory_stats(device)
+            start = time.perf_counter()
+            outputs = _call(step, batch)
+            _synchronise(outputs, on_gpu=on_gpu)
+            times.append(time.perf_counter() - start)
+            step_peaks.append(int(tf.config.experimental.get_memory_info(device)["peak"]))
+            del outputs
+    peak = max(step_peaks)
+
+    window_peak = hostmem.window_peak_rss_bytes() if host_window else None
+    if window_peak is not None:
+        host_peak, host_source = window_peak, "proc-vmhwm-window"
+    else:
+        host_peak, host_source = hostmem.peak_rss_bytes(), "getrusage-maxrss-process"
+    reading = sampler.result if sampler is not None else None
+    quartiles = np.percentile(times, [25, 50, 75])
+    measurement = StepMeasurement(
+        device=device, device_name=_device_name(tf, device, reading),
+        peak_device_bytes=peak, peak_source=SOURCE_GPU if on_gpu else SOURCE_CPU,
+        baseline_device_bytes=baseline, step_peaks_bytes=tuple(step_peaks),
+        step_times_s=tuple(times),
+        median_step_s=float(quartiles[1]), spread_s=float(quartiles[2] - quartiles[0]),
+        warmup_steps=warmup, batch_size=_batch_size(first_batch),
+        host_peak_rss_bytes=int(host_peak), host_peak_source=host_source,
+        host_rss_bytes=hostmem.current_rss_bytes(),
+        nvml_process_peak_bytes=None if reading is None else reading.process_peak_bytes,
+        nvml_device_peak_bytes=None if reading is None else reading.device_peak_bytes,
+        nvml=reading, tf_version=tf.__version__)
+    log.info("measured %s: peak %d bytes (%s), median step %.4f s over %d steps",
+             device, peak, measurement.peak_source, measurement.median_step_s, steps)
+    return measurement
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+def _normalise_device(device: str) -> str:
+    """"/device:GPU:0", "/gpu:0", "gpu" -> "GPU:0"."""
+    name = device.strip().split("device:")[-1].lstrip("/")
+    kind, _, index = name.partition(":")
+    kind = kind.upper()
+    if kind not in ("CPU", "GPU") or not (index or "0").isdigit():
+        raise ValueError(f"device must look like 'CPU:0' or 'GPU:0', got {device!r}")
+    return f"{kind}:{int(index or 0)}"
+
+
+def _gpu_growth_enabled(tf: Any, index: int) -> bool:
+    if _env_true(GROWTH_ENV):
+        return True
+    try:
+        return bool(tf.config.experimental.get_memory_growth(
+            tf.config.list_physical_devices("GPU")[index]))
+    except Exception:  # virtual devices, or the index is a logical one
+        return False
+
+
+def _make_sampler(nvml: bool | NvmlSampler | None, *, on_gpu: bool,
+                  device: str) -> NvmlSampler | None:
+    if isinstance(nvml, NvmlSampler):
+        return nvml
+    if nvml is False or (nvml is None and not on_gpu):
+        return None
+    position = int(device.split(":")[1]) if on_gpu else 0
+    if nvml is None and not nvml_available():
+        log.info("NVML unavailable: measuring %s without NVML figures", device)
+        return None
+    return NvmlSampler(position=position)
+
+
+def _batch_source(batches: Any, *, needed: int) -> Callable[[], Any]:
+    if isinstance(batches, (tuple, Mapping)) or hasattr(batches, "shape"):
+        return lambda: batches  # one batch: a tuple of args, a dict, or one tensor/array
+    if isinstance(batches, Sequence) and not isinstance(batches, (str, bytes)):
+        if not batches:
+            raise ValueError("batches is empty")
+        cycle = itertools.cycle(range(len(batches)))
+        return lambda: batches[next(cycle)]
+    if isinstance(batches, Iterable):
+        iterator = iter(batches)
+
+        def pull() -> Any:
+            try:
+                return next(iterator)
+            except StopIteration:
+                raise ValueError(f"batches ran out: warmup + steps needs {needed}") from None
+        return pull
+    raise TypeError("batches must be a tuple (one batch), a sequence or an iterator of batches, "
+                    f"got {type(batches).__name__}")
+
+
+def _call(step: Callable[..., Any], batch: Any) -> Any:
+    return step(*batch) if isinstance(batch, tuple) else step(batch)
+
+
+def _synchronise(outputs: Any, *, on_gpu: bool) -> None:
+    """Wait for the step: pull every output tensor to host (the loss), and on GPU drain the streams."""
+    import tensorflow as tf
+
+    for leaf in tf.nest.flatten(outputs):
+        if hasattr(leaf, "numpy"):
+            leaf.numpy()
+    if on_gpu:
+        tf.test.experimental.sync_devices()
+
+
+def _batch_size(batch: Any) -> int | None:
+    import tensorflow as tf
+
+    if batch is None:
+        return None
+    for leaf in tf.nest.flatten(batch):
+        shape = getattr(leaf, "shape", None)
+        if shape is not None and len(shape) >= 1 and shape[0] is not None:
+            return int(shape[0])
+    return None
+
+
+def _device_name(tf: Any, device: str, reading: NvmlReading | None) -> str:
+    if device.startswith("GPU:"):
+        if reading is not None:
+            return reading.device_name
+        try:
+            gpus = tf.config.list_physical_devices("GPU")
+            details = tf.config.experimental.get_device_details(gpus[int(device[4:])])
+            return str(details.get("device_name", device))
+        except Exception:
+            return device
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or "CPU"

@@ -1,0 +1,127 @@
+"""The standard training step, and a recorder of what ``tape.gradient`` builds while tracing.
+
+`make_train_step` is the step that tests, the tuner's trial worker and the
+model zoo trace. `record_gradients` tells the rewriter which tensor was
+differentiated (the loss) and which ops are the backward pass, exactly,
+without relying on op names. It records and changes nothing else: the gradient
+graph is the one ``tape.gradient`` builds (in TF2 its seed is a constant, so
+no gradient op depends on the loss op itself).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import tensorflow as tf
+from tensorflow.python.eager import backprop
+from tensorflow.python.framework import ops as tf_ops
+
+__all__ = ["make_train_step", "record_gradients", "GradientRecord"]
+
+
+def make_train_step(model: Any, loss_fn: Callable, optimizer: Any) -> Callable:
+    """Return an undecorated ``step(x, y) -> loss``: forward, ``tf.GradientTape``, ``apply_gradients``.
+
+    The model's own losses (``model.losses``, e.g. weight regularisers) are
+    added to ``loss_fn(y, model(x, training=True))``. If the model is built and
+    the optimizer is not, the optimizer is built here, so that tracing the step
+    does not create variables (which would make ``tf.function`` trace twice).
+
+    Args:
+        model: a Keras model.
+        loss_fn: ``loss_fn(y_true, y_pred) -> scalar``.
+        optimizer: a Keras optimizer.
+    """
+    if getattr(model, "built", False) and not getattr(optimizer, "built", True):
+        optimizer.build(model.trainable_variables)
+
+    def train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = loss_fn(y, y_pred)
+            if model.losses:
+                loss = loss + tf.add_n(model.losses)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return train_step
+
+
+@dataclass(eq=False)
+class GradientRecord:
+    """What ``tf.GradientTape.gradient`` built in one graph while a `record_gradients` was active.
+
+    Attributes:
+        graph: the graph recorded (the one being traced).
+        targets: the differentiated tensors (losses), one entry per target tensor.
+        backward_ops: names of the ops the gradient calls created, in order.
+        calls: number of ``gradient`` calls recorded.
+    """
+
+    graph: tf.Graph
+    targets: list[tf.Tensor] = field(default_factory=list)
+    backward_ops: list[str] = field(default_factory=list)
+    calls: int = 0
+
+
+_local = threading.local()
+_patch_lock = threading.Lock()
+_patch_depth = 0
+_original_gradient = backprop.GradientTape.gradient
+
+
+def _recording_gradient(tape: backprop.GradientTape, target: Any, *args: Any, **kwargs: Any) -> Any:
+    records: list[GradientRecord] = getattr(_local, "records", [])
+    if not records or tf.executing_eagerly():
+        return _original_gradient(tape, target, *args, **kwargs)
+    graph = tf_ops.get_default_graph()
+    mine = [r for r in records if r.graph is graph]
+    if not mine:
+        return _original_gradient(tape, target, *args, **kwargs)
+    before = graph.get_operations()
+    result = _original_gradient(tape, target, *args, **kwargs)
+    new_ops = [op.name for op in graph.get_operations()[len(before):]]
+    targets = [t for t in tf.nest.flatten(target) if tf.is_tensor(t) and getattr(t, "graph", None) is graph]
+    for r in mine:
+        r.targets.extend(targets)
+        r.backward_ops.extend(new_ops)
+        r.calls += 1
+    return result
+
+
+class record_gradients:  # noqa: N801 - used like a function: ``with record_gradients(g) as rec``
+    """Context manager: record ``tf.GradientTape.gradient`` calls that build ops in `graph`.
+
+    ``GradientTape.gradient`` is patched only while at least one recorder is
+    active (in any thread) and restored afterwards; calls from other threads,
+    in eager mode or building another graph pass straight through.
+
+    Args:
+        graph: the graph to record; default: the current default graph.
+    """
+
+    def __init__(self, graph: tf.Graph | None = None) -> None:
+        self.record = GradientRecord(graph if graph is not None else tf_ops.get_default_graph())
+
+    def __enter__(self) -> GradientRecord:
+        global _patch_depth
+        with _patch_lock:
+            if _patch_depth == 0:
+                backprop.GradientTape.gradient = _recording_gradient
+            _patch_depth += 1
+        if not hasattr(_local, "records"):
+            _local.records = []
+        _local.records.append(self.record)
+        return self.record
+
+    def __exit__(self, *exc: object) -> None:
+        global _patch_depth
+        records = _local.records
+        del records[next(i for i, r in enumerate(records) if r is self.record)]
+        with _patch_lock:
+            _patch_depth -= 1
+            if _patch_depth == 0:
+                backprop.GradientTape.gradient = _original_gradient

@@ -1,0 +1,121 @@
+"""Keras 3 ``model.fit`` with LMS (`lms.LMSModel`, `lms.enable_lms`) trains bitwise identically."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import lms  # noqa: E402
+from tests.tf.conftest import RunResult, assert_bitwise  # noqa: E402
+from lms import LMSConfig  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+BATCH = 4
+N = 12  # three steps per epoch
+
+
+def _graph(seed: int = 7):
+    """Layers of a small residual CNN with BatchNorm: (inputs, outputs)."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, 3))
+    h = keras.layers.Conv2D(6, 3, padding="same", activation="relu")(inputs)
+    r = keras.layers.Conv2D(6, 3, padding="same")(h)
+    r = keras.layers.BatchNormalization()(r)
+    h = keras.layers.ReLU()(keras.layers.Add()([h, r]))
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    return inputs, keras.layers.Dense(3)(h)
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(7)
+    return rng.standard_normal((N, 8, 8, 3)).astype("float32"), rng.integers(0, 3, (N,)).astype("int32")
+
+
+def _fit(model, data, initial) -> RunResult:
+    for v, value in zip(model.weights, initial):
+        v.assign(value)
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(*data, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    return RunResult(tuple(np.float32(v) for v in history.history["loss"]),
+                     tuple(v.numpy() for v in model.weights),
+                     tuple(v.numpy() for v in model.optimizer.variables))
+
+
+@pytest.fixture(scope="module")
+def baseline(data):
+    inputs, outputs = _graph()
+    plain = keras.Model(inputs, outputs)
+    initial = [v.numpy() for v in plain.weights]
+    return inputs, outputs, initial, _fit(plain, data, initial)
+
+
+def test_lms_model_fit_is_bitwise_identical(baseline, data):
+    inputs, outputs, initial, expected = baseline
+    model = lms.LMSModel(inputs, outputs, lms_config=LMSConfig(lb=2, swap_branches=True, branch_threshold=1))
+    assert isinstance(model, keras.Model) and hasattr(model, "lms")
+    assert_bitwise(expected, _fit(model, data, initial))
+    summary = model.lms.summary
+    assert summary.n_swapped > 0 and summary.swap_ops == "emulated"
+    assert model.jit_compile is False
+
+
+def test_enable_lms_on_an_existing_model(baseline, data):
+    inputs, outputs, initial, expected = baseline
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="sgd", loss="mse")  # compiled before: the LMS compile replaces it
+    assert lms.enable_lms(model, LMSConfig(ctrld_strategy="direct_order", fuse_swapins=True)) is model
+    assert_bitwise(expected, _fit(model, data, initial))
+    assert model.lms.summary.n_swapped > 0
+    assert model.lms.plan.config.ctrld_strategy == "direct_order"
+    # Enabling again replaces the config and does not wrap the step twice.
+    lms.enable_lms(model, {"n_tensors": 1})
+    assert_bitwise(expected, _fit(model, data, initial))
+    assert model.lms.summary.n_swapped == 1
+
+
+def test_subclassed_lms_model(data):
+    class Small(lms.LMSModel):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.conv = keras.layers.Conv2D(4, 3, padding="same", activation="relu")
+            self.pool = keras.layers.GlobalAveragePooling2D()
+            self.dense = keras.layers.Dense(3)
+
+        def call(self, x):
+            return self.dense(self.pool(self.conv(x)))
+
+    keras.utils.set_random_seed(3)
+    model = Small(lms_config=LMSConfig())
+    assert isinstance(model, lms.LMSModel)
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(*data, batch_size=BATCH, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    assert model.lms.summary.n_swapped > 0
+
+
+def test_jit_compile_true_is_refused(baseline):
+    inputs, outputs, _, _ = baseline
+    model = lms.LMSModel(inputs, outputs, lms_config=LMSConfig())
+    with pytest.raises(ValueError, match="jit_compile"):
+        model.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    wrapped = lms.enable_lms(keras.Model(inputs, outputs), LMSConfig())
+    with pytest.raises(ValueError, match="jit_compile"):
+        wrapped.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    wrapped.compile(optimizer="sgd", loss="mse")
+    assert wrapped.jit_compile is False
+
+
+def test_bad_arguments(baseline):
+    inputs, outputs, _, _ = baseline
+    with pytest.raises(ValueError, match="lb"):
+        lms.LMSModel(inputs, outputs, lms_config={"lb": 0})
+    with pytest.raises(ValueError, match="keras.Model"):
+        lms.enable_lms(object(), LMSConfig())
+    with pytest.raises(ValueError, match="bandwidth"):
+        lms.enable_lms(keras.Model(inputs, outputs), LMSConfig(), bandwidth=-1)

@@ -1,0 +1,355 @@
+"""lms.tf.measure and lms.hostmem with real TensorFlow on CPU (tiny models).
+
+The BFC allocator must be on before TensorFlow's runtime starts: tests/conftest.py
+sets TF_CPU_ALLOCATOR_USE_BFC=true for the session; `configure_cpu_allocator`
+below is a no-op then, and fails loudly if some earlier import started TF without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import types
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from lms import hostmem
+from lms.tf.measure import (
+    BFC_ENV, GROWTH_ENV, _normalise_device, configure_cpu_allocator,
+    configure_gpu_memory_growth, cpu_allocator_is_bfc, default_device, measure_step,
+)
+
+configure_cpu_allocator()
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+N_CONV_64, N_CONV_32 = 4, 2
+
+
+def small_cnn() -> keras.Model:
+    """64x64x3 -> 4 x conv8 -> pool -> 2 x conv16 -> GAP -> dense10 (ReLU convs)."""
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [keras.Input((64, 64, 3))]
+        + [keras.layers.Conv2D(8, 3, padding="same", activation="relu") for _ in range(N_CONV_64)]
+        + [keras.layers.MaxPooling2D()]
+        + [keras.layers.Conv2D(16, 3, padding="same", activation="relu") for _ in range(N_CONV_32)]
+        + [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+
+
+def train_step_for(model: keras.Model) -> tf.types.experimental.PolymorphicFunction:
+    optimizer = keras.optimizers.SGD(0.01)
+    optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return step
+
+
+def batch_of(n: int, seed: int = 0) -> tuple[tf.Tensor, tf.Tensor]:
+    rng = np.random.default_rng(seed)
+    return (tf.constant(rng.standard_normal((n, 64, 64, 3), dtype=np.float32)),
+            tf.constant(rng.integers(0, 10, n, dtype=np.int32)))
+
+
+# --- the CPU peak ------------------------------------------------------------------------
+
+def test_bfc_is_on() -> None:
+    assert os.environ[BFC_ENV] == "true"
+    assert cpu_allocator_is_bfc() is True
+    assert default_device() == "CPU:0"
+
+
+def test_peak_grows_with_batch_roughly_linearly(capsys: pytest.CaptureFixture[str]) -> None:
+    """One model, three batch sizes: the peak over what is resident grows ~ with the batch."""
+    model = small_cnn()
+    step = train_step_for(model)
+    weight_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.weights)
+    results = {b: measure_step(step, batch_of(b), warmup=2, steps=3) for b in (4, 8, 16)}
+    peaks = [results[b].peak_device_bytes for b in (4, 8, 16)]
+    # The executor's op order varies from step to step (2 inter-op threads), and
+    # with it the peak by a few activations: compare the median step.
+    transient = {b: r.median_step_peak_bytes - r.baseline_device_bytes for b, r in results.items()}
+    per_sample = {b: transient[b] / b for b in transient}
+    with capsys.disabled():  # shown without -s
+        print("\nsmall CNN 64x64, BFC peak per batch (bytes):")
+        for b, r in results.items():
+            print(f"  batch {b:2d}: peak {r.peak_device_bytes}, per step {r.step_peaks_bytes}, "
+                  f"resident {r.baseline_device_bytes}, {per_sample[b]:.0f} per sample above it")
+    assert peaks[0] < peaks[1] < peaks[2]
+    assert peaks[1] > 1.25 * peaks[0] and peaks[2] > 1.4 * peaks[1]
+    for r in results.values():
+        assert r.peak_source == "tf-bfc-cpu"
+        # Resident at the start of the timed steps: the weights, and inputs (tensors made
+        # from numpy arrays may wrap numpy's buffers, outside TF's allocator); all the
+        # inputs of this test together are 1.4 MB.
+        assert weight_bytes <= r.baseline_device_bytes < weight_bytes + 2 * MIB
+        assert r.peak_device_bytes > r.baseline_device_bytes
+    # Lower bound: every 64x64x8 ReLU output is kept for the backward pass.
+    saved_lower = N_CONV_64 * 64 * 64 * 8 * 4
+    # Upper bound: twice every forward output (conv, bias, relu per conv; pool; input).
+    forward_outputs = (3 * N_CONV_64 * 64 * 64 * 8 * 4 + 32 * 32 * 8 * 4
+                       + 3 * N_CONV_32 * 32 * 32 * 16 * 4 + 64 * 64 * 3 * 4)
+    for b, value in per_sample.items():
+        assert saved_lower <= value <= 2 * forward_outputs, (b, value)
+    # Roughly proportional: bytes per sample above the resident set agree within 50%
+    # (seen: within 8-22%; a peak dominated by a fixed workspace would be far off).
+    assert max(per_sample.values()) <= 1.5 * min(per_sample.values()), per_sample
+
+
+def test_warmup_excludes_tracing_and_step_count_is_honoured() -> None:
+    trace_sleep_s = 0.3
+    model = small_cnn()
+    inner = train_step_for(model)
+    traces = []
+
+    def make_step() -> tuple[types.FunctionType, list[int]]:
+        calls = []
+
+        @tf.function
+        def traced(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            traces.append(1)
+            time.sleep(trace_sleep_s)  # runs only while tracing
+            return inner(x, y)
+
+        def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            calls.append(1)
+            return traced(x, y)
+        return step, calls
+
+    step, calls = make_step()
+    measured = measure_step(step, batch_of(4), warmup=1, steps=4)
+    assert len(calls) == 5 and len(traces) == 1
+    assert measured.steps == len(measured.step_times_s) == 4 and measured.warmup_steps == 1
+    assert max(measured.step_times_s) < trace_sleep_s  # the traced call was the warm-up
+
+    step, calls = make_step()
+    cold = measure_step(step, batch_of(4), warmup=0, steps=3)
+    assert len(calls) == 3 and len(traces) == 2
+    assert cold.step_times_s[0] >= trace_sleep_s  # warmup=0 times the trace
+    assert max(cold.step_times_s[1:]) < trace_sleep_s
+    assert cold.median_step_s == pytest.approx(float(np.median(cold.step_times_s)))
+
+
+def test_batches_sequence_iterator_and_single_tensor() -> None:
+    seen: list[int] = []
+
+    def step(x: tf.Tensor) -> tf.Tensor:
+        seen.append(int(x[0, 0]))
+        return tf.reduce_sum(x)
+
+    batches = [tf.fill([2, 3], float(i)) for i in range(3)]
+    measure_step(step, batches, warmup=2, steps=5)
+    assert seen == [0, 1, 2, 0, 1, 2, 0]  # list: used in turn, cycling
+
+    seen.clear()
+    m = measure_step(step, iter(batches), warmup=1, steps=2)
+    assert seen == [0, 1, 2] and m.batch_size == 2
+    with pytest.raises(ValueError, match="ran out: warmup \\+ steps needs 4"):
+        measure_step(step, iter(batches), warmup=1, steps=3)
+
+    seen.clear()
+    m = measure_step(step, tf.fill([5, 1], 7.0), warmup=1, steps=1)  # one tensor: step(batch)
+    assert seen == [7, 7] and m.batch_size == 5
+
+
+def test_argument_validation() -> None:
+    step = lambda x: x  # noqa: E731
+    with pytest.raises(ValueError, match="steps must be an int >= 1"):
+        measure_step(step, (tf.zeros([1]),), steps=0)
+    with pytest.raises(ValueError, match="warmup must be an int >= 0"):
+        measure_step(step, (tf.zeros([1]),), warmup=-1)
+    with pytest.raises(ValueError, match="batches is empty"):
+        measure_step(step, [], warmup=0, steps=1)
+    with pytest.raises(TypeError, match="batches must be"):
+        measure_step(step, 3, warmup=0, steps=1)
+    with pytest.raises(ValueError, match="device must look like"):
+        measure_step(step, (tf.zeros([1]),), device="TPU:0")
+    with pytest.raises(ValueError, match="TensorFlow sees 1 CPU device"):
+        measure_step(step, (tf.zeros([1]),), device="CPU:3")
+    if not tf.config.list_logical_devices("GPU"):
+        with pytest.raises(ValueError, match="TensorFlow sees 0 GPU device"):
+            measure_step(step, (tf.zeros([1]),), device="GPU:0")
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("CPU:0", "CPU:0"), ("/device:CPU:0", "CPU:0"), ("/cpu:0", "CPU:0"), ("gpu", "GPU:0"),
+    ("/job:localhost/replica:0/task:0/device:GPU:1", "GPU:1"),
+])
+def test_device_names(given: str, expected: str) -> None:
+    assert _normalise_device(given) == expected
+
+
+def test_to_dict_labels_every_source() -> None:
+    model = small_cnn()
+    m = measure_step(train_step_for(model), batch_of(4), warmup=1, steps=3)
+    d = m.to_dict()
+    json.dumps(d)  # plain data
+    assert d["peak_source"] == "tf-bfc-cpu" and d["spread_kind"] == "iqr"
+    assert d["sources"]["peak_device_bytes"] == "tf-bfc-cpu"
+    assert d["sources"]["baseline_device_bytes"] == "tf-bfc-cpu"
+    assert d["sources"]["nvml_process_peak_bytes"] is None  # off GPU: no NVML figure
+    assert d["nvml_process_peak_bytes"] is None and d["nvml_device_peak_bytes"] is None
+    assert d["sources"]["host_peak_rss_bytes"] in ("proc-vmhwm-window", "getrusage-maxrss-process")
+    assert d["sources"]["host_rss_bytes"] == "proc-vmrss"
+    assert d["peak_device_bytes"] == m.peak_device_bytes > 0
+    assert d["steps"] == 3 and len(d["step_times_s"]) == 3 and d["batch_size"] == 4
+    assert len(d["step_peaks_bytes"]) == 3 and d["peak_device_bytes"] == max(d["step_peaks_bytes"])
+    assert d["median_step_peak_bytes"] == int(np.median(d["step_peaks_bytes"]))
+    assert d["sources"]["step_peaks_bytes"] == d["sources"]["median_step_peak_bytes"] == "tf-bfc-cpu"
+    q1, q3 = np.percentile(m.step_times_s, [25, 75])
+    assert d["spread_s"] == pytest.approx(q3 - q1)
+    assert d["throughput"] == pytest.approx(4 / m.median_step_s)
+    assert m.throughput(8) == pytest.approx(8 / m.median_step_s)
+    assert d["tf_version"] == tf.__version__ and d["device"] == "CPU:0" and d["device_name"]
+    # Host figures: this process holds TF, so well over 50 MiB resident.
+    assert d["host_peak_rss_bytes"] >= 50 * MIB and d["host_rss_bytes"] >= 50 * MIB
+
+
+def test_throughput_needs_a_batch_size() -> None:
+    m = measure_step(lambda: tf.constant(1.0), [()], warmup=0, steps=1)
+    assert m.batch_size is None and m.to_dict()["throughput"] is None
+    with pytest.raises(ValueError, match="batch size unknown"):
+        m.throughput()
+
+
+# --- NVML wiring, with a fake NVML binding ------------------------------------------------
+
+@dataclass
+class _Proc:
+    pid: int
+    usedGpuMemory: int  # noqa: N815
+
+
+class _FakeNvml(types.ModuleType):
+    """Minimal pynvml: one GPU whose used memory rises with every query."""
+
+    def __init__(self) -> None:
+        super().__init__("pynvml")
+        self.used = 100 * MIB
+
+    def nvmlInit(self) -> None: ...  # noqa: N802, E704
+    def nvmlShutdown(self) -> None: ...  # noqa: N802, E704
+    def nvmlDeviceGetCount(self) -> int: return 1  # noqa: N802, E704
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> str: return "h0"  # noqa: N802, E704
+    def nvmlDeviceGetUUID(self, h: str) -> str: return "GPU-0000"  # noqa: N802, E704
+    def nvmlDeviceGetName(self, h: str) -> str: return "Fake GPU"  # noqa: N802, E704
+    def nvmlSystemGetDriverVersion(self) -> str: return "1.0"  # noqa: N802, E704
+
+    def nvmlDeviceGetMemoryInfo(self, h: str) -> types.SimpleNamespace:  # noqa: N802
+        self.used += MIB
+        return types.SimpleNamespace(total=16 * 2**30, used=self.used, free=0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: str) -> list[_Proc]:  # noqa: N802
+        return [_Proc(os.getpid(), self.used - 50 * MIB), _Proc(1, 10 * MIB)]
+
+
+def test_nvml_figures_reported_and_labelled(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    m = measure_step(lambda: tf.constant(1.0), [()], warmup=1, steps=2, nvml=True)
+    assert m.nvml is not None and m.nvml.n_samples >= 2
+    assert m.nvml_device_peak_bytes == fake.used                 # the last sample's rise
+    assert m.nvml_process_peak_bytes == fake.used - 50 * MIB     # this PID's entry
+    assert m.to_dict()["sources"]["nvml_process_peak_bytes"] == "nvml-process"
+    assert m.to_dict()["sources"]["nvml_device_peak_bytes"] == "nvml-device"
+    assert m.to_dict()["nvml"]["device_name"] == "Fake GPU"
+    assert m.peak_source == "tf-bfc-cpu"  # the allocator figure still comes from TF
+    # Off GPU, nvml=None does not sample.
+    assert measure_step(lambda: tf.constant(1.0), [()], warmup=0, steps=1).nvml is None
+
+
+def test_nvml_required_but_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with pytest.raises(ImportError, match="nvidia-ml-py"):
+        measure_step(lambda: tf.constant(1.0), [()], warmup=0, steps=1, nvml=True)
+
+
+# --- configuration -------------------------------------------------------------------------
+
+def test_configure_gpu_memory_growth_sets_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(GROWTH_ENV, raising=False)
+    configure_gpu_memory_growth()  # the runtime has started, but there is no GPU to check
+    assert os.environ[GROWTH_ENV] == "true"
+
+
+_CONFIGURE_SCRIPT = textwrap.dedent("""
+    import os, sys, json
+    os.environ.pop("TF_CPU_ALLOCATOR_USE_BFC", None)
+    import tensorflow as tf
+    from lms.tf.measure import configure_cpu_allocator, cpu_allocator_is_bfc, measure_step
+    out = {}
+    if sys.argv[1] == "before-runtime":
+        configure_cpu_allocator()          # TF imported, runtime not started: still in time
+        out["bfc"] = cpu_allocator_is_bfc()
+        out["peak"] = measure_step(lambda: tf.fill([1000], 1.0), [()], warmup=1, steps=1
+                                   ).peak_device_bytes
+    else:
+        tf.constant(1.0)                   # the runtime starts without BFC
+        out["bfc"] = cpu_allocator_is_bfc()
+        for name, call in [("measure", lambda: measure_step(lambda: tf.constant(1.0), [()])),
+                           ("configure", configure_cpu_allocator)]:
+            try:
+                call()
+                out[name] = "no error"
+            except RuntimeError as exc:
+                out[name] = str(exc)
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.slow
+def test_configure_cpu_allocator_in_fresh_processes() -> None:
+    env = {k: v for k, v in os.environ.items() if k != BFC_ENV}
+    procs = {mode: subprocess.Popen([sys.executable, "-c", _CONFIGURE_SCRIPT, mode], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for mode in ("before-runtime", "after-runtime")}
+    results = {}
+    for mode, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=180)
+        assert proc.returncode == 0, stderr[-2000:]
+        results[mode] = json.loads(stdout.strip().splitlines()[-1])
+    before, after = results["before-runtime"], results["after-runtime"]
+    assert before["bfc"] is True
+    assert before["peak"] >= 4000  # the 4000-byte tensor is counted
+    assert after["bfc"] is False
+    assert "not the BFC allocator" in after["measure"] and BFC_ENV in after["measure"]
+    assert "started before TF_CPU_ALLOCATOR_USE_BFC=true" in after["configure"]
+
+
+# --- host memory ---------------------------------------------------------------------------
+
+def test_host_rss_window_peak() -> None:
+    current = hostmem.current_rss_bytes()
+    assert current is not None and current > 10 * MIB
+    # ru_maxrss and VmRSS come from counters the kernel syncs lazily: equal within pages.
+    assert hostmem.peak_rss_bytes() >= current - 4 * MIB
+    if not hostmem.reset_peak_rss():
+        pytest.skip("kernel refuses /proc/self/clear_refs")
+    assert hostmem.window_peak_rss_bytes() < current + 16 * MIB  # back to about the current RSS
+    block = np.ones(64 * MIB, dtype=np.uint8)  # touched: resident
+    peak = hostmem.window_peak_rss_bytes()
+    del block
+    assert peak >= current + 60 * MIB
+    assert hostmem.peak_rss_bytes() >= peak - 4 * MIB  # ru_maxrss follows the high-water mark
