@@ -1,0 +1,138 @@
+"""recommended.json and trials.csv: the choice, the labels, the schema, atomic and loadable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+
+from lms import LMSConfig
+from tuner.outputs import (format_recommendation, pareto_front, read_recommendation, select_recommendation,
+                           source_label, write_outputs)
+from tuner.search import SearchSettings
+from tuner.storage import resolve_storage
+
+MiB = 1 << 20
+DIST = {"n_tensors": optuna.distributions.IntDistribution(0, 100, step=10)}
+
+
+def _study(points, *, measured=True, backend="emulated"):
+    """points: (n_tensors, batch, throughput, status)"""
+    study = optuna.create_study(directions=["maximize", "maximize"], study_name="s")
+    for n, batch, thr, status in points:
+        ok = status == "ok"
+        attrs = {"status": status, "config": LMSConfig(n_tensors=n).to_dict(), "batch_size": batch,
+                 "throughput": thr, "peak_device_bytes": 90 * MiB if ok else None, "peak_source": "tf-bfc-cpu",
+                 "backend": backend, "measured": measured and ok, "predicted_peak_bytes": 91 * MiB,
+                 "predicted_throughput": thr * 1.1, "predicted_batch": batch + 1, "reason": "",
+                 "constraint": [-0.1 if ok else 1.0], "step_time_median_s": 0.5, "step_time_spread_s": 0.01}
+        trial = optuna.trial.create_trial(params={"n_tensors": n}, distributions=DIST,
+                                          values=[batch, thr], user_attrs=attrs,
+                                          system_attrs={"constraints:memory": attrs["constraint"][0]})
+        study.add_trial(trial)
+    return study
+
+
+POINTS = [(0, 30, 100.0, "ok"), (10, 40, 95.0, "ok"), (20, 60, 70.0, "ok"), (30, 90, 45.0, "ok"),
+          (40, 80, 40.0, "ok"), (50, 0, 0.0, "oom"), (60, 200, 500.0, "infeasible")]
+
+
+def test_pareto_front_excludes_dominated_and_infeasible() -> None:
+    front = pareto_front([t for t in _study(POINTS).trials if t.user_attrs["status"] == "ok"])
+    assert [t.params["n_tensors"] for t in front] == [0, 10, 20, 30]
+
+
+@pytest.mark.parametrize("prefer, ratio, expected", [
+    ("batch", 0.5, 20),       # 60 @ 70/s keeps >= 50% of 100/s; 90 @ 45/s does not
+    ("batch", 0.4, 30),
+    ("batch", 0.0, 30),
+    ("batch", 0.99, 0),
+    ("throughput", 0.5, 0),
+])
+def test_select_recommendation(prefer: str, ratio: float, expected: int) -> None:
+    chosen, front = select_recommendation(_study(POINTS).trials, prefer=prefer, min_throughput_ratio=ratio)
+    assert chosen.params["n_tensors"] == expected
+    assert len(front) == 4
+
+
+def test_no_feasible_trial_gives_none() -> None:
+    chosen, front = select_recommendation(_study([(50, 0, 0.0, "oom")]).trials)
+    assert chosen is None and front == []
+
+
+def _settings(tmp_path: Path, backend: str = "emulated") -> SearchSettings:
+    return SearchSettings(study="s", model="cnn_bn", model_options={"image_size": 16}, backend=backend,
+                          budget_bytes=100 * MiB, budget_source="--budget", device="cpu", trials=4, screen_trials=2,
+                          storage=resolve_storage("postgresql://bob:hunter2@db/x", "s"),
+                          studies_dir=tmp_path, steps=5, warmup=2)
+
+
+def test_write_outputs_measured(tmp_path: Path) -> None:
+    study = _study(POINTS)
+    env = {"tensorflow": "2.21.0", "device_name": "emulated device on CPU", "driver_version": None}
+    doc, rec, csv = write_outputs(tmp_path, main=study, screen=None, settings=_settings(tmp_path), budget_bytes=100 * MiB,
+                                  budget_source="--budget", usable_bytes=95 * MiB, environment=env)
+    assert rec == tmp_path / "recommended.json" and csv == tmp_path / "trials.csv"
+    on_disk = read_recommendation(rec)
+    # default rule: the largest batch keeping >= 80% of the front's best throughput (100/s): 40 @ 95/s
+    assert on_disk["config"] == LMSConfig(n_tensors=10).to_dict()
+    assert LMSConfig.load(rec) == LMSConfig(n_tensors=10)
+    assert (on_disk["batch_size"], on_disk["throughput"]) == (40, 95.0)
+    assert on_disk["measured"] is True and on_disk["backend"] == "emulated"
+    assert on_disk["sources"]["batch_size"] == "measured on the emulated device (CPU, TensorFlow BFC allocator)"
+    assert on_disk["sources"]["predicted"].startswith("predicted")
+    assert on_disk["predicted"] == {"batch_size": 41, "throughput": pytest.approx(104.5),
+                                    "peak_device_bytes": 91 * MiB, "device_profile": "cpu"}
+    assert on_disk["baseline"]["batch_size"] == 30
+    assert on_disk["gain_vs_baseline"] == {"batch_size_ratio": 1.333, "throughput_ratio": 0.95}
+    assert on_disk["budget_bytes"] == 100 * MiB and on_disk["usable_bytes"] == 95 * MiB
+    assert on_disk["environment"]["tensorflow"] == "2.21.0"
+    assert [p["batch_size"] for p in on_disk["pareto_front"]] == [30, 40, 60, 90]
+    assert "hunter2" not in rec.read_text() and "bob:***@db" in on_disk["storage"]
+    assert not list(tmp_path.glob("*.tmp"))  # atomic writes leave no temp files
+    text = format_recommendation(on_disk)
+    for key in ("batch size", "throughput", "peak memory"):  # each figure labelled
+        line = next(ln for ln in text.splitlines() if ln.strip().startswith(key))
+        assert "measured on the emulated device" in line, line
+
+
+def test_trials_csv_columns(tmp_path: Path) -> None:
+    import pandas as pd
+
+    write_outputs(tmp_path, main=_study(POINTS), screen=_study(POINTS[:2], measured=False, backend="simulate"),
+                  settings=_settings(tmp_path), budget_bytes=100 * MiB, budget_source="x", usable_bytes=95 * MiB,
+                  environment={})
+    frame = pd.read_csv(tmp_path / "trials.csv")
+    assert len(frame) == len(POINTS) + 2
+    for col in ("batch_size", "throughput", "peak_device_bytes", "peak_source", "backend", "measured",
+                "predicted_peak_bytes", "predicted_throughput", "status", "reason", "config", "n_tensors", "lb",
+                "figures", "constraint"):
+        assert col in frame.columns, col
+    assert list(frame["status"][:7]) == [p[3] for p in POINTS]
+    assert set(frame["figures"][7:]) == {"predicted"}
+    assert json.loads(frame["config"][2]) == LMSConfig(n_tensors=20).to_dict()
+
+
+def test_predicted_fallback_when_nothing_measured(tmp_path: Path) -> None:
+    main = _study([(50, 0, 0.0, "oom")])
+    screen = _study(POINTS[:3], measured=False, backend="simulate")
+    doc, rec, _ = write_outputs(tmp_path, main=main, screen=screen, settings=_settings(tmp_path),
+                                budget_bytes=100 * MiB, budget_source="x", usable_bytes=95 * MiB, environment={})
+    assert doc["measured"] is False and doc["sources"]["batch_size"].startswith("predicted")
+    assert any("PREDICTED" in n for n in doc["notes"])
+
+
+def test_source_labels() -> None:
+    assert source_label("simulate", measured=False, device="V100-16GB") == \
+        "predicted (simulator, device profile V100-16GB)"
+    assert source_label("gpu", measured=True, device_name="NVIDIA H200") == "measured on GPU (NVIDIA H200)"
+    assert "emulated" in source_label("emulated", measured=True)
+
+
+def test_read_recommendation_rejects_other_files(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    LMSConfig().save(path)
+    with pytest.raises(ValueError, match="not a tuner recommendation"):
+        read_recommendation(path)

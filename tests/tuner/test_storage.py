@@ -1,0 +1,106 @@
+"""Study names, storage URLs, password masking, reachability; nothing created on failure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tuner.storage import (StorageError, StudyNameError, check_reachable, mask_secrets, mask_url, open_storage,
+                           resolve_storage, study_names, validate_study_name)
+
+
+@pytest.mark.parametrize("name", ["resnet50", "r50-16g", "a.b_c-1", "A" * 100])
+def test_valid_study_names(name: str) -> None:
+    assert validate_study_name(name) == name
+
+
+@pytest.mark.parametrize("name, fragment", [
+    ("a/b", "path separator"), ("a\\b", "path separator"), ("..", "'..'"), ("x..y", "'..'"),
+    ("", "empty"), (".hidden", "not allowed"), ("sp ace", "not allowed"), ("A" * 101, "not allowed"),
+])
+def test_invalid_study_names(name: str, fragment: str) -> None:
+    with pytest.raises(StudyNameError, match=fragment.replace("(", r"\(")):
+        validate_study_name(name)
+
+
+def test_default_storage_is_sqlite_under_studies(tmp_path: Path) -> None:
+    spec = resolve_storage(None, "s1", studies_dir=tmp_path / "studies")
+    assert spec.kind == "sqlite" and spec.default
+    assert spec.path == (tmp_path / "studies" / "s1" / "study.db").absolute()
+    assert spec.url == f"sqlite:///{spec.path}"
+    check_reachable(spec, create=True)
+    assert not (tmp_path / "studies").exists()  # checking creates nothing
+
+
+@pytest.mark.parametrize("url, kind", [
+    ("sqlite:////tmp/x.db", "sqlite"), ("journal:studies/j.log", "journal"), ("journal:///tmp/j.log", "journal"),
+    ("postgresql://u:p@h/db", "rdb"), ("postgresql+psycopg2://u@h/db", "rdb"), ("mysql+pymysql://u@h/db", "rdb"),
+])
+def test_storage_kinds(url: str, kind: str) -> None:
+    assert resolve_storage(url, "s").kind == kind
+
+
+@pytest.mark.parametrize("url, fragment", [
+    ("redis://localhost", "unknown scheme 'redis'"), ("notaurl", "not a URL"), ("sqlite://", "give a file"),
+    ("sqlite:///:memory:", "give a file"), ("journal:", "no journal file"),
+])
+def test_bad_storage_urls(url: str, fragment: str) -> None:
+    with pytest.raises(StorageError, match=fragment):
+        resolve_storage(url, "s")
+
+
+def test_unreachable_file_storage_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such"
+    for url in (f"sqlite:///{missing}/x.db", f"journal:{missing}/x.log"):
+        with pytest.raises(StorageError, match="unreachable"):
+            check_reachable(resolve_storage(url, "s"), create=True)
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("postgresql://bob:s3cret@db.example:5432/optuna", "postgresql://bob:***@db.example:5432/optuna"),
+    ("postgresql+psycopg2://bob:p%40ss@h/db", "postgresql+psycopg2://bob:***@h/db"),
+    ("mysql://h/db?user=bob&password=s3cret", "mysql://h/db?user=bob&password=***"),
+    ("sqlite:////tmp/x.db", "sqlite:////tmp/x.db"),
+])
+def test_mask_url(url: str, shown: str) -> None:
+    assert mask_url(url) == shown
+
+
+def test_mask_secrets_hides_raw_and_decoded_password() -> None:
+    url = "postgresql://bob:p%40ss@h/db"
+    text = f"could not connect to {url}: password 'p@ss' rejected (p%40ss)"
+    masked = mask_secrets(text, url)
+    assert "p@ss" not in masked and "p%40ss" not in masked
+    assert "bob:***@h/db" in masked
+
+
+def test_unreachable_server_message_masks_password() -> None:
+    spec = resolve_storage("postgresql://bob:Sup3rS3cret@127.0.0.1:1/optuna", "s")
+    with pytest.raises(StorageError) as info:
+        check_reachable(spec, create=True)
+    assert "Sup3rS3cret" not in str(info.value)
+    assert "bob:***@127.0.0.1:1/optuna" in str(info.value)
+
+
+def test_journal_storage_round_trip(tmp_path: Path) -> None:
+    import optuna
+
+    spec = resolve_storage(f"journal:{tmp_path}/j.log", "s")
+    check_reachable(spec, create=True)
+    storage = open_storage(spec)
+    optuna.create_study(study_name="s", storage=storage, directions=["maximize", "maximize"])
+    assert study_names(open_storage(spec)) == ["s"]
+    assert spec.exists()
+
+
+def test_sqlite_storage_uses_wal(tmp_path: Path) -> None:
+    import sqlite3
+
+    import optuna
+
+    spec = resolve_storage(None, "w", studies_dir=tmp_path)
+    optuna.create_study(study_name="w", storage=open_storage(spec))
+    mode = sqlite3.connect(spec.path).execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"

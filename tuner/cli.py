@@ -1,0 +1,624 @@
+"""``python -m tuner`` / ``lms-tuner``: search, best, list, report.
+
+Exit codes: 0 success; 1 failure (trials failing, interrupted, nothing fits);
+2 bad input (one line on stderr, no traceback, nothing written).
+
+    lms-tuner search --model resnet50                       # defaults for this machine
+    lms-tuner search --model resnet50 --backend simulate --budget 16GiB --device V100-16GB
+    lms-tuner search --model examples/user_model.py:make_workload --backend emulated --budget 256MiB
+    lms-tuner best --study resnet50-emulated
+    lms-tuner list
+    lms-tuner report --study resnet50-emulated
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .budget import BudgetError, format_bytes, parse_budget
+from .environment import BACKENDS
+from .storage import (DEFAULT_STUDIES_DIR, StorageError, StorageSpec, StudyNameError, check_reachable, mask_secrets,
+                      resolve_storage, validate_study_name)
+
+__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILURE", "EXIT_BAD_INPUT"]
+
+log = logging.getLogger("tuner.cli")
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+PROG = "lms-tuner"
+
+DEFAULT_TRIALS = {"simulate": 80, "emulated": 4, "gpu": 10}
+DEFAULT_SCREEN_TRIALS = 30
+DEFAULT_EMULATED_TIMEOUT_S = 540.0
+EMULATED_IMAGE_SIZE = 64
+
+
+class BadInput(Exception):
+    """Raised by argument checks; printed as one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (and exits 2) instead of usage + error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise BadInput(f"{message} (see {self.prog} --help)")
+
+
+# ============================================================== argument types
+
+def _budget(text: str) -> int:
+    try:
+        return parse_budget(text)
+    except BudgetError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value < 0 or value != value:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0 seconds")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{value} must be between 0 and 1")
+    return value
+
+
+def _margin(text: str) -> float:
+    value = _fraction(text)
+    if value > 0.5:
+        raise argparse.ArgumentTypeError(f"{value} must be between 0 and 0.5")
+    return value
+
+
+def _gpu_list(text: str) -> tuple[str, ...]:
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not items or len(set(items)) != len(items):
+        raise argparse.ArgumentTypeError(f"{text!r}: give distinct GPU indices or UUIDs separated by commas, e.g. 0,1")
+    return items
+
+
+def _study_name(text: str) -> str:
+    try:
+        return validate_study_name(text)
+    except StudyNameError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# ============================================================== parsers
+
+def _common(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-q", "--quiet", action="store_true", help="only warnings and the result; no progress bar")
+    g.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def _storage_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage", type=str, default=None, metavar="URL",
+                   help="Optuna storage URL (default: sqlite file studies/<study>/study.db). "
+                        "journal:PATH for several processes on one node, postgresql://user@host/db for several "
+                        "machines. Passwords are never printed.")
+    p.add_argument("--studies-dir", type=Path, default=DEFAULT_STUDIES_DIR, metavar="DIR",
+                   help="folder for study outputs (default: %(default)s)")
+
+
+def _add_search(sub: Any) -> None:
+    p = sub.add_parser(
+        "search", help="run or resume a tuning study", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Search LMS configs (n_tensors, lb, fuse_swapins, ctrld_strategy, swap_branches/branch_threshold)\n"
+            "for the largest batch and the highest throughput that fit a memory budget. Running it again with\n"
+            "the same --study resumes (completed trials are not redone).\n\n"
+            "Backends: simulate = every figure PREDICTED by the simulator (seconds per config);\n"
+            "emulated = simulated screening, then real runs on the CPU with emulated swaps, the budget enforced\n"
+            "on TensorFlow's measured BFC-allocator peak (MEASURED on the emulated device);\n"
+            "gpu = the same with real runs on the GPU (MEASURED on GPU).\n\n"
+            "Defaults without a GPU (backend emulated): 4 measured trials after 30 simulated ones, a 540 s\n"
+            f"time limit, image_size reduced to {EMULATED_IMAGE_SIZE} for models that have one, and a budget =\n"
+            "the simulator's no-LMS peak at batch 32 (so the result shows how far LMS goes beyond it)."))
+    p.add_argument("--model", required=True, type=str, metavar="NAME|MODULE:FUNC",
+                   help="built-in workload (mlp, cnn_bn, residual, resnet50, unet3d, gpt2_small) or your "
+                        "'package.module:function' / 'path/file.py:function' returning a tuner.models.Workload")
+    p.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE", type=str,
+                   help="option for the workload factory, e.g. image_size=128 (repeatable)")
+    p.add_argument("--budget", type=_budget, default=None, metavar="SIZE",
+                   help="device memory budget, e.g. 16GiB or 512MiB (default: the GPU's memory; simulate: the "
+                        "device profile's; emulated: see above)")
+    p.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="gpu | emulated | simulate (default: gpu when a GPU and CUDA TensorFlow are found, "
+                        "else emulated)")
+    p.add_argument("--device", type=str, default=None, metavar="PROFILE",
+                   help="simulator device profile (V100-16GB, A100-80GB, H100-80GB, cpu, ...; default: the GPU "
+                        "found, else V100-16GB for simulate and cpu for emulated)")
+    p.add_argument("--trials", type=_positive_int, default=None, metavar="N",
+                   help="trials in the study (real runs for gpu/emulated); default: "
+                        + ", ".join(f"{k} {v}" for k, v in DEFAULT_TRIALS.items()))
+    p.add_argument("--screen-trials", type=_nonneg_int, default=DEFAULT_SCREEN_TRIALS, metavar="N",
+                   help="simulated screening trials before real runs (gpu/emulated; default: %(default)s)")
+    p.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+                   help=f"stop starting trials after this long (0: no limit; default: none, "
+                        f"{DEFAULT_EMULATED_TIMEOUT_S:.0f} s for emulated)")
+    p.add_argument("--trial-timeout", type=_seconds, default=600.0, metavar="SECONDS",
+                   help="kill one real trial after this long (default: %(default)s)")
+    p.add_argument("--study", type=_study_name, default=None, metavar="NAME",
+                   help="study name (default: <model>-<backend>)")
+    _storage_args(p)
+    p.add_argument("--seed", type=int, default=None, help="sampler seed (default: random)")
+    p.add_argument("--steps", type=_positive_int, default=5, metavar="N",
+                   help="timed steps per measurement (default: %(default)s)")
+    p.add_argument("--warmup", type=_nonneg_int, default=2, metavar="N",
+                   help="warm-up steps excluded from timing (default: %(default)s)")
+    p.add_argument("--safety-margin", type=_margin, default=0.05, metavar="FRACTION",
+                   help="fraction of the budget kept free (default: %(default)s)")
+    p.add_argument("--max-batch", type=_positive_int, default=4096, metavar="N",
+                   help="largest batch considered (default: %(default)s)")
+    p.add_argument("--sampler", choices=("tpe", "nsga2", "random"), default="tpe",
+                   help="Optuna sampler (default: %(default)s)")
+    p.add_argument("--prefer", choices=("batch", "throughput"), default="batch",
+                   help="recommend the largest batch (keeping --min-throughput-ratio of the best throughput) "
+                        "or the fastest config (default: %(default)s)")
+    p.add_argument("--min-throughput-ratio", type=_fraction, default=0.8, metavar="R",
+                   help="with --prefer batch: keep at least this fraction of the best throughput "
+                        "(default: %(default)s)")
+    p.add_argument("--gpu", type=str, default=None, metavar="INDEX|UUID",
+                   help="GPU for the workers (CUDA_VISIBLE_DEVICES; default: 0)")
+    p.add_argument("--gpus", type=_gpu_list, default=None, metavar="LIST",
+                   help="several GPUs, e.g. 0,1,2,3: one trial worker on each, in parallel (gpu backend)")
+    p.add_argument("--workers", type=_positive_int, default=1, metavar="N",
+                   help="trial workers in parallel: gpu backend: one on each of GPUs 0..N-1 (same as --gpus); "
+                        "emulated: N on the CPU, whose timings then interfere (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print recommended.json to stdout instead of a summary")
+    _common(p)
+    p.set_defaults(func=cmd_search)
+
+
+def _add_best(sub: Any) -> None:
+    p = sub.add_parser("best", help="print a study's recommendation",
+                       description="Print the recommendation of a study (studies/<study>/recommended.json; "
+                                   "computed from the storage when the file is missing).")
+    p.add_argument("--study", type=_study_name, required=True, metavar="NAME", help="study name")
+    _storage_args(p)
+    p.add_argument("--json", action="store_true", help="print the JSON document")
+    _common(p)
+    p.set_defaults(func=cmd_best)
+
+
+def _add_list(sub: Any) -> None:
+    p = sub.add_parser("list", help="list studies",
+                       description="List the studies under --studies-dir, or in --storage.")
+    _storage_args(p)
+    _common(p)
+    p.set_defaults(func=cmd_list)
+
+
+def _add_report(sub: Any) -> None:
+    p = sub.add_parser("report", help="build the HTML report of a study",
+                       description="Build reports/<study>/index.html (tuner.report.build_report): the "
+                                   "batch/throughput trade-off, the Pareto front, the recommendation.")
+    p.add_argument("--study", type=_study_name, required=True, metavar="NAME", help="study name")
+    _storage_args(p)
+    p.add_argument("--reports-dir", type=Path, default=Path("reports"), metavar="DIR",
+                   help="the report goes to DIR/<study>/index.html (default: %(default)s)")
+    _common(p)
+    p.set_defaults(func=cmd_report)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Tune Large Model Support (tensor swapping) for a model and a memory "
+                                            "budget, with Optuna.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    _add_search(sub)
+    _add_best(sub)
+    _add_list(sub)
+    _add_report(sub)
+    return parser
+
+
+# ============================================================== search
+
+def _default_study(model: str, backend: str) -> str:
+    base = model.rsplit(":", 1)[-1] if ":" in model else model
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(base).stem if base.endswith(".py") else base).strip("._-")
+    return validate_study_name(f"{base or 'model'}-{backend}")
+
+
+def _device_for(backend: str, gpu_info: dict[str, Any] | None) -> str:
+    from lms.devices import DEVICES
+
+    if backend in ("gpu", "simulate") and gpu_info:
+        name = gpu_info["name"].upper()
+        total_gib = gpu_info["total_bytes"] / 2**30
+        matches = [k for k in DEVICES if k.split("-")[0] in name]
+        if matches:
+            return min(matches, key=lambda k: abs(DEVICES[k].memory_bytes / 2**30 - total_gib))
+    return "cpu" if backend == "emulated" else "V100-16GB"
+
+
+def _load_workload_desc(spec: str, options: dict[str, Any]) -> dict[str, Any]:
+    from tuner.models import builtin_names, load_workload
+
+    from .search import BadInput as SearchBadInput, describe_user_workload
+
+    if spec in builtin_names() or ":" not in spec:
+        try:
+            return load_workload(spec, **options).describe()  # built-ins import no TensorFlow here
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
+    try:
+        return describe_user_workload(spec, options)
+    except SearchBadInput as exc:
+        raise BadInput(str(exc)) from None
+
+
+def build_search_settings(args: argparse.Namespace) -> Any:
+    """Validate everything the user gave; write nothing. Raises BadInput."""
+    from lms.devices import get_device
+    from tuner.models import parse_options
+
+    from .environment import default_backend, gpus
+    from .search import SearchSettings, study_settings_conflict
+
+    notes: list[str] = []
+    backend = args.backend
+    if backend is None:
+        backend, why = default_backend()
+        notes.append(f"backend {backend} chosen by default ({why})")
+    try:
+        options = parse_options(args.model_option)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    study = args.study or _default_study(args.model, backend)
+    storage = resolve_storage(args.storage, study, studies_dir=args.studies_dir)
+    check_reachable(storage, create=True)
+    desc = _load_workload_desc(args.model, options)
+    if backend == "emulated" and "image_size" not in options:
+        size = (desc.get("options") or {}).get("image_size")
+        if isinstance(size, int) and size > EMULATED_IMAGE_SIZE:
+            options["image_size"] = EMULATED_IMAGE_SIZE
+            desc = _load_workload_desc(args.model, options)
+            notes.append(f"emulated backend on CPU: image_size {size} -> {EMULATED_IMAGE_SIZE} so the real runs take "
+                         f"minutes (give --model-option image_size={size} to keep it)")
+    if args.gpus and backend != "gpu":
+        raise BadInput(f"--gpus needs --backend gpu (the backend is {backend})")
+    gpu_info = None
+    gpu_list: tuple[str, ...] = ()
+    if backend in ("gpu", "simulate"):
+        found = gpus()
+
+        def lookup(wanted: str) -> dict[str, Any] | None:
+            return next((g for g in found if str(g["index"]) == wanted or g["uuid"].startswith(wanted)), None)
+
+        if backend == "gpu":
+            if not found:
+                raise BadInput("backend gpu: no GPU found (NVML); use --backend emulated or --backend simulate")
+            gpu_list = args.gpus or (tuple(str(i) for i in range(args.workers)) if args.workers > 1 else ())
+            for wanted in gpu_list or (args.gpu or "0",):
+                if lookup(wanted) is None:
+                    raise BadInput(f"GPU {wanted!r} not found; NVML sees: "
+                                   + ", ".join(f"{g['index']} ({g['name']})" for g in found))
+            # the budget must fit the smallest of the GPUs used
+            gpu_info = min((lookup(w) for w in gpu_list or (args.gpu or "0",)), key=lambda g: g["total_bytes"])
+        else:
+            gpu_info = lookup(args.gpu or "0") or (found[0] if found else None)
+    try:
+        device = get_device(args.device).name if args.device else _device_for(backend, gpu_info)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    budget = args.budget
+    budget_source = "--budget"
+    if budget is None:
+        if backend == "gpu":
+            budget, budget_source = int(gpu_info["total_bytes"]), f"memory of GPU {gpu_info['name']} (NVML)"
+        elif backend == "simulate":
+            budget, budget_source = get_device(device).memory_bytes, f"memory of device profile {device}"
+        else:
+            budget_source = "derived"
+    timeout = args.timeout
+    if timeout is None and backend == "emulated":
+        timeout = DEFAULT_EMULATED_TIMEOUT_S
+    if timeout == 0:
+        timeout = None
+    settings = SearchSettings(
+        study=study, model=args.model, model_options=options, backend=backend, budget_bytes=budget,
+        budget_source=budget_source, device=device, trials=args.trials or DEFAULT_TRIALS[backend],
+        screen_trials=args.screen_trials, storage=storage, studies_dir=args.studies_dir, timeout_s=timeout,
+        trial_timeout_s=args.trial_timeout or 600.0, seed=args.seed, steps=args.steps, warmup=args.warmup,
+        safety_margin=args.safety_margin, max_batch=args.max_batch, sampler=args.sampler, prefer=args.prefer,
+        min_throughput_ratio=args.min_throughput_ratio, gpu=args.gpu, gpus=gpu_list,
+        workers=len(gpu_list) if gpu_list else (args.workers if backend == "emulated" else 1),
+        workload=desc, notes=tuple(notes))
+    stored = _stored_settings(storage, study)
+    conflict = study_settings_conflict(stored, settings)
+    if conflict:
+        raise BadInput(conflict)
+    return settings
+
+
+def _stored_settings(storage: StorageSpec, study: str) -> dict[str, Any] | None:
+    """A study's stored tuner settings, without creating anything; None when it does not exist."""
+    if not storage.exists():
+        return None
+    from .storage import open_storage, study_names
+
+    opened = open_storage(storage)
+    if study not in study_names(opened):
+        return None
+    import optuna
+
+    return optuna.load_study(study_name=study, storage=opened).user_attrs.get("tuner")
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from .outputs import format_recommendation
+    from .progress import Progress
+    from .search import BadInput as SearchBadInput, SearchError, run_search
+
+    settings = build_search_settings(args)
+    for note in settings.notes:
+        log.info("note: %s", note)
+    log.info("study %s: model %s, backend %s, storage %s", settings.study, settings.model, settings.backend,
+             settings.storage.display)
+    try:
+        outcome = run_search(settings, progress=Progress(disabled=True if args.quiet else None))
+    except SearchBadInput as exc:
+        raise BadInput(str(exc)) from None
+    except SearchError as exc:
+        _err(f"search failed: {exc}")
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        _err(f"interrupted: completed trials are kept in {settings.storage.display}; run the same command "
+             "again to resume")
+        return EXIT_FAILURE
+    if outcome.recommendation is None:
+        _err(f"no config fits the budget in study {settings.study} ({outcome.completed} trials); see "
+             f"{outcome.trials_csv}")
+        return EXIT_FAILURE
+    if args.json:
+        print(json.dumps(outcome.recommendation, indent=2, default=str))
+    else:
+        print(format_recommendation(outcome.recommendation))
+        print(f"wrote {outcome.recommended_path} and {outcome.trials_csv} "
+              f"({outcome.completed} trials; {outcome.ran} run now"
+              + (f", {outcome.screened} simulated for screening" if outcome.screened else "")
+              + f"; {outcome.wall_s:.0f} s)")
+        if outcome.stopped_early:
+            print(f"stopped before {settings.trials} trials (time limit); run the same command to continue")
+    return EXIT_OK
+
+
+# ============================================================== best / list / report
+
+def _open_existing(args: argparse.Namespace) -> tuple[StorageSpec, Any, Any]:
+    """(spec, storage, study) of an existing study, or BadInput; creates nothing."""
+    import optuna
+
+    from .storage import open_storage, study_names
+
+    spec = resolve_storage(args.storage, args.study, studies_dir=args.studies_dir)
+    check_reachable(spec, create=False)
+    if not spec.exists():
+        raise BadInput(f"study {args.study!r} does not exist (no {spec.path}); see '{PROG} list'")
+    storage = open_storage(spec)
+    if args.study not in study_names(storage):
+        raise BadInput(f"study {args.study!r} does not exist in {spec.display}; see '{PROG} list'")
+    return spec, storage, optuna.load_study(study_name=args.study, storage=storage)
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    from .outputs import format_recommendation, read_recommendation
+
+    path = args.studies_dir / args.study / "recommended.json"
+    if path.is_file():
+        try:
+            doc = read_recommendation(path)
+        except (ValueError, KeyError) as exc:
+            _err(f"cannot read {path}: {exc}")
+            return EXIT_FAILURE
+    else:
+        doc = _recommendation_from_storage(args)
+        if doc is None:
+            _err(f"study {args.study!r} has no feasible config yet")
+            return EXIT_FAILURE
+    print(json.dumps(doc, indent=2, default=str) if args.json else format_recommendation(doc))
+    return EXIT_OK
+
+
+def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | None:
+    from .outputs import build_recommendation, select_recommendation
+    from .search import SearchSettings
+
+    spec, _, study = _open_existing(args)
+    stored = study.user_attrs.get("tuner") or {}
+    settings = SearchSettings(
+        study=args.study, model=stored.get("model", "?"), model_options=stored.get("model_options", {}),
+        backend=stored.get("backend", "simulate"), budget_bytes=stored.get("budget_bytes"), budget_source="stored",
+        device=stored.get("device", ""), trials=0, screen_trials=0, storage=spec, studies_dir=args.studies_dir,
+        workload=stored.get("workload", {}))
+    trials = study.get_trials(deepcopy=False)
+    chosen, front = select_recommendation(trials)
+    if chosen is None:
+        return None
+    budget = int(stored.get("budget_bytes") or 0)
+    from .batch import usable_bytes
+
+    return build_recommendation(study=args.study, chosen=chosen, front=front, trials=trials, settings=settings,
+                                budget_bytes=budget, budget_source=str(stored.get("budget_source", "")),
+                                usable_bytes=usable_bytes(budget, settings.safety_margin), environment={},
+                                notes=["computed from the study storage (recommended.json not written yet)"])
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import optuna
+
+    from .storage import open_storage
+
+    rows = []
+    if args.storage:
+        spec = resolve_storage(args.storage, "list", studies_dir=args.studies_dir)
+        check_reachable(spec, create=False)
+        if not spec.exists():
+            raise BadInput(f"storage {spec.display!r} does not exist")
+        sources = [(spec, open_storage(spec))]
+    else:
+        sources = []
+        root = args.studies_dir
+        for db in sorted(root.glob("*/study.db")) if root.is_dir() else []:
+            spec = resolve_storage(None, db.parent.name, studies_dir=root)
+            sources.append((spec, open_storage(spec)))
+    for spec, storage in sources:
+        for summary in optuna.study.get_all_study_summaries(storage=storage, include_best_trial=False):
+            attrs = summary.user_attrs.get("tuner") or {}
+            rec = args.studies_dir / summary.study_name / "recommended.json"
+            best = ""
+            if rec.is_file():
+                try:
+                    doc = json.loads(rec.read_text())
+                    best = (f"batch {doc['batch_size']}, {doc['throughput']:.1f}/s "
+                            f"({'measured' if doc.get('measured') else 'predicted'})")
+                except (ValueError, KeyError):
+                    best = "(unreadable recommended.json)"
+            from .search import _counted
+
+            study = optuna.load_study(study_name=summary.study_name, storage=storage)
+            evaluated = sum(1 for t in study.get_trials(deepcopy=False) if _counted(t))
+            rows.append((summary.study_name, str(evaluated), attrs.get("model", "?"),
+                         attrs.get("backend", "?"), format_bytes(attrs.get("budget_bytes")),
+                         summary.user_attrs.get("role", ""), best))
+    if not rows:
+        print(f"no studies in {args.storage and mask_secrets(args.storage, args.storage) or args.studies_dir}")
+        return EXIT_OK
+    header = ("study", "evaluated", "model", "backend", "budget", "role", "recommendation")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    _open_existing(args)  # the study must exist (exit 2 otherwise)
+    if importlib.util.find_spec("tuner.report") is None:
+        _err("the report module (tuner.report) is not installed in this version; use 'best', trials.csv or "
+             "optuna-dashboard instead")
+        return EXIT_FAILURE
+    build = getattr(importlib.import_module("tuner.report"), "build_report", None)
+    if build is None:
+        _err("tuner.report has no build_report(); cannot build the report")
+        return EXIT_FAILURE
+    params = inspect.signature(build).parameters
+    kwargs: dict[str, Any] = {}
+    for name, value in (("storage", args.storage), ("studies_dir", args.studies_dir),
+                        ("reports_dir", args.reports_dir)):
+        if name in params and value is not None:
+            kwargs[name] = value
+    path = build(args.study, **kwargs)
+    print(f"report: {path}")
+    return EXIT_OK
+
+
+# ============================================================== main
+
+def _err(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code (also used as the console script)."""
+    argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
+    storage_url = _find_storage(argv)
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        from .progress import setup_logging
+
+        setup_logging(quiet=args.quiet, verbose=args.verbose)
+        func: Callable[[argparse.Namespace], int] = args.func
+        return func(args)
+    except (BadInput, StorageError, StudyNameError, BudgetError) as exc:
+        _err(mask_secrets(" ".join(str(exc).split()), storage_url))
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return EXIT_FAILURE
+    except BrokenPipeError:  # e.g. `lms-tuner best ... | head`: the reader left; not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    except SystemExit as exc:  # --help / --version
+        return int(exc.code or 0) if isinstance(exc.code, int) else EXIT_OK
+    except Exception as exc:  # a bug or an environment problem: one line, exit 1 (traceback with -v)
+        if "-v" in argv or "--verbose" in argv:
+            raise
+        _err(mask_secrets(f"error: {type(exc).__name__}: {' '.join(str(exc).split())} (run with -v for details)",
+                          storage_url))
+        return EXIT_FAILURE
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--budget -1GiB`` -> ``--budget=-1GiB``, so argparse reports the bad size, not a missing value."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in ("--budget", "--timeout", "--trial-timeout", "--seed") and i + 1 < len(argv) \
+                and argv[i + 1].startswith("-") and argv[i + 1][1:2].isdigit():
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+def _find_storage(argv: list[str]) -> str | None:
+    for i, a in enumerate(argv):
+        if a == "--storage" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--storage="):
+            return a.split("=", 1)[1]
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

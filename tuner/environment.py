@@ -1,0 +1,118 @@
+"""What machine a search ran on, found without importing TensorFlow.
+
+The parent process asks NVML for GPUs (`lms.nvml.gpu_inventory`) and package
+metadata for versions; trial workers add what TensorFlow itself reports
+(its version and the device it ran on) to each trial record.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import platform
+import socket
+from pathlib import Path
+from typing import Any
+
+__all__ = ["gpus", "tensorflow_distribution", "default_backend", "environment_info", "BACKENDS"]
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("gpu", "emulated", "simulate")
+_TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tf-nightly-cpu",
+                     "tensorflow-macos", "intel-tensorflow")
+
+
+def gpus() -> list[dict[str, Any]]:
+    """GPUs NVML sees (index, uuid, name, total_bytes, driver_version); ``[]`` without a driver."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return []
+    try:
+        from lms.nvml import gpu_inventory
+    except ImportError:  # pragma: no cover - lms always ships it
+        return []
+    return gpu_inventory()
+
+
+def tensorflow_distribution() -> tuple[str, str] | None:
+    """(distribution name, version) of the installed TensorFlow, or None; does not import it."""
+    for dist in _TF_DISTRIBUTIONS:
+        try:
+            return dist, importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def default_backend() -> tuple[str, str]:
+    """(backend, why): ``gpu`` with a visible GPU and a CUDA TensorFlow, else ``emulated``."""
+    found = gpus()
+    tf = tensorflow_distribution()
+    if found and tf is not None and not tf[0].endswith("-cpu"):
+        return "gpu", f"GPU found: {found[0]['name']}"
+    if found:
+        return "emulated", (f"GPU {found[0]['name']} found but TensorFlow is {tf[0] if tf else 'missing'}; "
+                            "install the CUDA build (pip install 'tflms-tuner[gpu]') to measure on it")
+    return "emulated", "no GPU found (NVML)"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _host_memory_bytes() -> int | None:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment_info(*, backend: str, gpu_index: int | None = None) -> dict[str, Any]:
+    """JSON-ready description of this machine for recommended.json.
+
+    ``device_name`` / ``driver_version`` are the GPU's for the gpu backend; for
+    emulated runs the device is this CPU with TensorFlow's BFC allocator; for
+    the simulate backend there is no device (the profile is recorded elsewhere).
+    """
+    tf = tensorflow_distribution()
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "host_memory_bytes": _host_memory_bytes(),
+        "tensorflow": tf[1] if tf else None,
+        "tensorflow_distribution": tf[0] if tf else None,
+        "keras": _version("keras"),
+        "optuna": _version("optuna"),
+        "tflms_tuner": _version("tflms-tuner"),
+        "device_name": None,
+        "driver_version": None,
+    }
+    if backend == "gpu":
+        found = gpus()
+        chosen = next((g for g in found if g["index"] == (gpu_index or 0)), found[0] if found else None)
+        if chosen:
+            info["device_name"] = chosen["name"]
+            info["driver_version"] = chosen["driver_version"]
+            info["device_memory_bytes"] = chosen["total_bytes"]
+    elif backend == "emulated":
+        info["device_name"] = f"emulated device on CPU ({info['cpu']}), TensorFlow BFC allocator"
+    else:
+        info["device_name"] = "none (simulated)"
+    return info

@@ -1,0 +1,309 @@
+"""What a search leaves behind: ``recommended.json`` and ``trials.csv``, both written atomically.
+
+``recommended.json`` (schema ``"tuner.recommendation"``, version 1) holds the
+chosen `LMSConfig` under ``"config"`` (so ``lms.LMSConfig.load(path)`` reads
+it), the batch size, throughput and peak memory, the budget, the backend and
+the environment. Every figure says where it comes from in ``"sources"``:
+
+- ``simulate`` backend: *predicted* by the simulator (device profile named);
+- ``emulated``: *measured* on the emulated device (CPU, TensorFlow's BFC allocator);
+- ``gpu``: *measured* on the GPU.
+
+Which Pareto point is recommended (`select_recommendation`):
+``prefer="batch"`` (default): the largest batch among the Pareto-optimal
+configs whose throughput is at least ``min_throughput_ratio`` (default 0.8) of
+the best throughput on the front; ``prefer="throughput"``: the fastest. The
+whole front is listed too, so another trade-off is one copy-paste away.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import io
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from lms.config import LMSConfig, atomic_write_text
+
+from .budget import format_bytes
+
+if TYPE_CHECKING:
+    from .search import SearchSettings
+
+__all__ = [
+    "RECOMMENDATION_SCHEMA", "SCHEMA_VERSION", "source_label", "feasible_trials", "pareto_front",
+    "select_recommendation", "build_recommendation", "trials_rows", "write_trials_csv", "write_outputs",
+    "read_recommendation", "format_recommendation",
+]
+
+log = logging.getLogger(__name__)
+
+RECOMMENDATION_SCHEMA = "tuner.recommendation"
+SCHEMA_VERSION = 1
+KNOBS = ("n_tensors", "lb", "ub", "fuse_swapins", "ctrld_strategy", "swap_branches", "branch_threshold")
+
+
+def source_label(backend: str, *, measured: bool, device: str = "", device_name: str = "") -> str:
+    """Where a figure comes from, in words (goes next to every number)."""
+    if not measured:
+        return f"predicted (simulator, device profile {device})" if device else "predicted (simulator)"
+    if backend == "emulated":
+        return "measured on the emulated device (CPU, TensorFlow BFC allocator)"
+    return f"measured on GPU ({device_name})" if device_name else "measured on GPU"
+
+
+# ---------------------------------------------------------------- choosing
+
+def feasible_trials(trials: Iterable[Any]) -> list[Any]:
+    """COMPLETE trials with status ok, batch > 0 and no violated constraint."""
+    out = []
+    for t in trials:
+        if getattr(t.state, "name", "") != "COMPLETE" or t.values is None:
+            continue
+        if t.user_attrs.get("status") != "ok" or t.values[0] <= 0:
+            continue
+        if any(v > 0 for v in t.constraints.values()):
+            continue
+        out.append(t)
+    return out
+
+
+def pareto_front(trials: Sequence[Any]) -> list[Any]:
+    """Non-dominated trials (both objectives maximised), sorted by batch size, one per (batch, throughput)."""
+    front = [t for t in trials if not any(_dominates(o.values, t.values) for o in trials)]
+    seen: set[tuple[float, float]] = set()
+    unique = []
+    for t in sorted(front, key=lambda t: (t.values[0], -t.values[1], t.number)):
+        key = (t.values[0], t.values[1])
+        if key not in seen:
+            seen.add(key)
+            unique.append(t)
+    return unique
+
+
+def _dominates(a: Sequence[float], b: Sequence[float]) -> bool:
+    return all(x >= y for x, y in zip(a, b)) and any(x > y for x, y in zip(a, b))
+
+
+def select_recommendation(trials: Sequence[Any], *, prefer: str = "batch",
+                          min_throughput_ratio: float = 0.8) -> tuple[Any | None, list[Any]]:
+    """(chosen trial or None, the Pareto front) among the feasible `trials` (see module docstring)."""
+    front = pareto_front(feasible_trials(trials))
+    if not front:
+        return None, front
+    if prefer == "throughput":
+        return max(front, key=lambda t: (t.values[1], t.values[0])), front
+    if prefer != "batch":
+        raise ValueError(f"prefer={prefer!r}: use 'batch' or 'throughput'")
+    best = max(t.values[1] for t in front)
+    eligible = [t for t in front if t.values[1] >= min_throughput_ratio * best] or front
+    return max(eligible, key=lambda t: (t.values[0], t.values[1])), front
+
+
+def _baseline(trials: Iterable[Any]) -> Any | None:
+    for t in sorted(trials, key=lambda t: t.number):
+        cfg = t.user_attrs.get("config") or {}
+        if cfg.get("n_tensors") == 0 and getattr(t.state, "name", "") == "COMPLETE":
+            return t
+    return None
+
+
+def _figures(t: Any) -> dict[str, Any]:
+    a = t.user_attrs
+    return {"batch_size": int(a.get("batch_size") or 0), "throughput": float(a.get("throughput") or 0.0),
+            "peak_device_bytes": a.get("peak_device_bytes")}
+
+
+def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trials: Sequence[Any],
+                         settings: "SearchSettings", budget_bytes: int, budget_source: str, usable_bytes: int,
+                         environment: Mapping[str, Any], notes: Sequence[str] = (),
+                         predicted_only_reason: str = "") -> dict[str, Any]:
+    """The recommended.json document for `chosen` (a FrozenTrial with a trial record)."""
+    a = chosen.user_attrs
+    measured = bool(a.get("measured"))
+    device_name = str(environment.get("device_name") or "")
+    label = source_label(settings.backend, measured=measured, device=settings.device, device_name=device_name)
+    predicted_label = source_label(settings.backend, measured=False, device=settings.device)
+    config = LMSConfig.from_dict(a["config"])
+    doc: dict[str, Any] = {
+        "schema": RECOMMENDATION_SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "study": study,
+        "model": settings.model,
+        "model_options": dict(settings.model_options),
+        "workload": dict(settings.workload),
+        "config": config.to_dict(),
+        "batch_size": int(a["batch_size"]),
+        "throughput": float(a["throughput"]),
+        "peak_device_bytes": a.get("peak_device_bytes"),
+        "peak_source": a.get("peak_source"),
+        "budget_bytes": int(budget_bytes),
+        "usable_bytes": int(usable_bytes),
+        "safety_margin": settings.safety_margin,
+        "budget_source": budget_source,
+        "backend": settings.backend,
+        "measured": measured,
+        "sources": {"batch_size": label, "throughput": label, "peak_device_bytes": label,
+                    "predicted": predicted_label},
+        "predicted": {"batch_size": a.get("predicted_batch"), "throughput": a.get("predicted_throughput"),
+                      "peak_device_bytes": a.get("predicted_peak_bytes"), "device_profile": settings.device},
+        "trial": chosen.number,
+        "selection": {"prefer": settings.prefer, "min_throughput_ratio": settings.min_throughput_ratio,
+                      "rule": ("largest batch on the Pareto front with throughput >= "
+                               f"{settings.min_throughput_ratio:g} x the front's best"
+                               if settings.prefer == "batch" else "highest throughput on the Pareto front")},
+        "environment": {**dict(environment),
+                        **({"worker_tensorflow": a["tensorflow"]} if a.get("tensorflow") else {}),
+                        **({"worker_device": a["device"]} if a.get("device") else {})},
+        "storage": settings.storage.display,
+        "notes": list(notes),
+    }
+    if measured and "step_time_median_s" in a:
+        doc["step_time_s"] = {"median": a.get("step_time_median_s"), "spread": a.get("step_time_spread_s"),
+                              "timed_steps": settings.steps, "warmup_steps": settings.warmup}
+        for key in ("host_peak_rss_bytes", "nvml_process_peak_bytes", "nvml_device_peak_bytes"):
+            if a.get(key) is not None:
+                doc[key] = a[key]
+    if predicted_only_reason:
+        doc["notes"].append(predicted_only_reason)
+    base = _baseline(trials)
+    if base is not None and base.user_attrs.get("status") == "ok":
+        b = _figures(base)
+        doc["baseline"] = {**b, "source": source_label(settings.backend, measured=bool(base.user_attrs.get("measured")),
+                                                        device=settings.device, device_name=device_name),
+                           "trial": base.number}
+        if b["batch_size"] and b["throughput"]:
+            doc["gain_vs_baseline"] = {"batch_size_ratio": round(doc["batch_size"] / b["batch_size"], 3),
+                                       "throughput_ratio": round(doc["throughput"] / b["throughput"], 3)}
+    doc["pareto_front"] = [
+        {"trial": t.number, "config": t.user_attrs["config"], **_figures(t), "measured": bool(t.user_attrs.get("measured")),
+         "source": source_label(settings.backend, measured=bool(t.user_attrs.get("measured")),
+                                device=settings.device, device_name=device_name)}
+        for t in front]
+    return doc
+
+
+def read_recommendation(path: Path) -> dict[str, Any]:
+    """Load a recommended.json and check its schema (ValueError otherwise)."""
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(doc, dict) or doc.get("schema") != RECOMMENDATION_SCHEMA:
+        raise ValueError(f"{path}: not a tuner recommendation (schema {doc.get('schema') if isinstance(doc, dict) else None!r})")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"{path}: schema_version {doc.get('schema_version')!r}; this version reads {SCHEMA_VERSION}")
+    LMSConfig.from_dict(doc["config"])
+    return doc
+
+
+def format_recommendation(doc: Mapping[str, Any]) -> str:
+    """Human-readable summary; every figure carries its source."""
+    cfg = doc["config"]
+    knobs = " ".join(f"{k}={cfg[k]}" for k in KNOBS if k in cfg)
+    src = doc["sources"]["batch_size"]
+    options = " ".join(f"{k}={v}" for k, v in (doc.get("model_options") or {}).items())
+    lines = [
+        f"study {doc['study']}: model {doc['model']}{' (' + options + ')' if options else ''}, "
+        f"backend {doc['backend']}, budget {format_bytes(doc['budget_bytes'])} "
+        f"(usable {format_bytes(doc.get('usable_bytes'))})",
+        *([f"  budget: {doc['budget_source']}"] if doc.get("budget_source") not in (None, "", "--budget") else []),
+        f"recommended LMS config: {knobs}" + ("  (LMS off)" if cfg.get("n_tensors") == 0 else ""),
+        f"  batch size   {doc['batch_size']:<12d} {src}",
+        f"  throughput   {doc['throughput']:<12.1f} samples/s, {doc['sources']['throughput']}",
+        f"  peak memory  {format_bytes(doc.get('peak_device_bytes')):<12} {doc['sources']['peak_device_bytes']}",
+    ]
+    pred = doc.get("predicted") or {}
+    if doc.get("measured") and pred.get("batch_size") is not None:
+        thr = pred.get("throughput")
+        lines.append(f"  simulator    batch {pred['batch_size']}, peak {format_bytes(pred.get('peak_device_bytes'))}"
+                     + (f", {thr:.1f} samples/s" if thr else "") + f"  {doc['sources']['predicted']}")
+    base = doc.get("baseline")
+    if base:
+        gain = doc.get("gain_vs_baseline") or {}
+        lines.append(f"  no-LMS baseline: batch {base['batch_size']}, {base['throughput']:.1f} samples/s, peak "
+                     f"{format_bytes(base.get('peak_device_bytes'))}  {base['source']}"
+                     + (f"  -> batch x{gain['batch_size_ratio']:.2f}, throughput x{gain['throughput_ratio']:.2f}"
+                        if gain else ""))
+    front = doc.get("pareto_front") or []
+    if len(front) > 1:
+        lines.append("  Pareto front (batch, samples/s): "
+                     + ", ".join(f"({p['batch_size']}, {p['throughput']:.1f})" for p in front))
+    for note in doc.get("notes") or ():
+        lines.append(f"  note: {note}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- trials.csv
+
+def trials_rows(study: Any, *, label: str) -> list[dict[str, Any]]:
+    """One dict per trial: the trial-record columns, the knobs, timing and provenance."""
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        cfg = a.get("config") or {}
+        duration = (t.datetime_complete - t.datetime_start).total_seconds() \
+            if t.datetime_complete and t.datetime_start else None
+        measured = bool(a.get("measured"))
+        row = {
+            "study": label, "number": t.number, "state": t.state.name.lower(), "status": a.get("status"),
+            "backend": a.get("backend"), "measured": measured,
+            "figures": "measured" if measured else ("predicted" if a.get("backend") else ""),
+            "batch_size": a.get("batch_size"), "throughput": a.get("throughput"),
+            "peak_device_bytes": a.get("peak_device_bytes"), "peak_source": a.get("peak_source"),
+            "predicted_batch": a.get("predicted_batch"), "predicted_peak_bytes": a.get("predicted_peak_bytes"),
+            "predicted_throughput": a.get("predicted_throughput"),
+            "constraint": (a.get("constraint") or [None])[0], "reason": a.get("reason", ""),
+        }
+        for k in KNOBS:
+            row[k] = cfg.get(k, t.params.get(k))
+        row["config"] = json.dumps(cfg, sort_keys=True) if cfg else ""
+        for k in ("step_time_median_s", "step_time_spread_s", "host_peak_rss_bytes", "nvml_process_peak_bytes",
+                  "nvml_device_peak_bytes", "duplicate_of", "warm_start", "from_screen", "retry_of",
+                  "skipped_by_simulator", "trial_dir"):
+            row[k] = a.get(k)
+        row["datetime_start"] = t.datetime_start.isoformat() if t.datetime_start else None
+        row["duration_s"] = duration
+        rows.append(row)
+    return rows
+
+
+def write_trials_csv(path: Path, studies: Sequence[tuple[str, Any]]) -> Path:
+    """trials.csv (pandas) of the main study and, after it, the screening study."""
+    import pandas as pd
+
+    rows = [r for label, study in studies for r in trials_rows(study, label=label)]
+    frame = pd.DataFrame(rows)
+    buf = io.StringIO()
+    frame.to_csv(buf, index=False)
+    return atomic_write_text(path, buf.getvalue())
+
+
+def write_outputs(study_dir: Path, *, main: Any, screen: Any | None, settings: "SearchSettings",
+                  budget_bytes: int, budget_source: str, usable_bytes: int, environment: Mapping[str, Any],
+                  notes: Sequence[str] = ()) -> tuple[dict[str, Any] | None, Path | None, Path]:
+    """Write trials.csv always, recommended.json when some config is feasible."""
+    studies: list[tuple[str, Any]] = [(main.study_name, main)]
+    if screen is not None:
+        studies.append((screen.study_name, screen))
+    csv_path = write_trials_csv(study_dir / "trials.csv", studies)
+    trials = main.get_trials(deepcopy=False)
+    chosen, front = select_recommendation(trials, prefer=settings.prefer,
+                                          min_throughput_ratio=settings.min_throughput_ratio)
+    fallback = ""
+    if chosen is None and screen is not None:
+        trials = screen.get_trials(deepcopy=False)
+        chosen, front = select_recommendation(trials, prefer=settings.prefer,
+                                              min_throughput_ratio=settings.min_throughput_ratio)
+        if chosen is not None:
+            fallback = ("no config was confirmed by a real run yet: these figures are PREDICTED by the "
+                        "simulator; rerun the search to measure")
+    if chosen is None:
+        log.warning("no feasible config yet: recommended.json not written")
+        return None, None, csv_path
+    doc = build_recommendation(study=main.study_name, chosen=chosen, front=front, trials=trials, settings=settings,
+                               budget_bytes=budget_bytes, budget_source=budget_source, usable_bytes=usable_bytes,
+                               environment=environment, notes=notes, predicted_only_reason=fallback)
+    rec_path = atomic_write_text(study_dir / "recommended.json", json.dumps(doc, indent=2, default=str) + "\n")
+    LMSConfig.load(rec_path)  # what a training script does: it must read back
+    return doc, rec_path, csv_path

@@ -1,0 +1,306 @@
+"""HTML report of a tuning study: the memory / throughput trade-off and the recommendation.
+
+`build_report` writes ``reports/<study>/index.html`` (one self-contained file:
+images embedded, no network requests) and beside it ``trials.csv`` and each
+figure as PNG and SVG. The work is split the house way:
+
+    study + recommended.json --data.py--> ReportData --plots.py--> figures --html.py--> index.html
+
+Only `tuner.report.plots` imports matplotlib, and only when a report is built.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from lms.config import atomic_write_text
+
+from .data import Recommendation, ReportData, report_data
+
+__all__ = ["build_report", "report_folder_name", "ReportData", "Recommendation"]
+
+log = logging.getLogger(__name__)
+
+RECOMMENDED_JSON = "recommended.json"
+# Every figure the report may write, by key: (file stem, alt text).
+FIGURES = {
+    "pareto_batch": ("pareto_batch", "Throughput against batch size, Pareto front highlighted"),
+    "pareto_memory": ("pareto_memory", "Throughput against peak device memory, Pareto front highlighted"),
+    "timeline": ("timeline", "Device memory over one training step, no LMS versus the recommended config"),
+    "knobs": ("knobs", "Batch size, throughput and peak memory against n_tensors and lb"),
+}
+
+
+def build_report(study_name: str, *, storage: str | None = None, studies_dir: str | os.PathLike[str] = "studies",
+                 reports_dir: str | os.PathLike[str] = "reports",
+                 out_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Write the report of `study_name`; return the path of its ``index.html``.
+
+    Args:
+        study_name: the Optuna study.
+        storage: an Optuna storage URL (``sqlite:///...``, ``journal:...``, ...);
+            default: ``<studies_dir>/<study>/study.db``.
+        studies_dir: where the tuner keeps ``<study>/recommended.json`` and ``<study>/graph.json``.
+        reports_dir: the report goes to ``<reports_dir>/<study>/``.
+        out_dir: write into this folder instead (``--out``).
+
+    Raises:
+        FileNotFoundError: the default study database does not exist.
+        KeyError: the storage has no study of that name.
+    """
+    if not isinstance(study_name, str):
+        raise TypeError(f"build_report(study_name=...) takes the study's name as a str, got "
+                        f"{type(study_name).__name__} {study_name!r}; pass studies_dir= for the folder")
+    study, opened = _load_study(study_name, storage=storage, studies_dir=Path(studies_dir))
+    study_dir = Path(studies_dir) / report_folder_name(study_name)
+    recommendation = _load_recommendation(study_dir / RECOMMENDED_JSON)
+    trials = study.get_trials(deepcopy=False)
+    attrs = dict(study.user_attrs)
+    rec_path = (Path(studies_dir) / report_folder_name(study_name) / RECOMMENDED_JSON).as_posix()
+    generated = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+    screen = _screening_study(study, opened)
+    data = report_data(study_name, trials, study_attrs=attrs, recommendation=recommendation,
+                       recommendation_path=rec_path, generated=generated,
+                       screen_name=screen.study_name if screen is not None else "",
+                       screen_trials=screen.get_trials(deepcopy=False) if screen is not None else None)
+    timeline, note = _timeline(data, study_dir=study_dir, study_attrs=attrs, trials=trials)
+    data = _with_timeline(data, timeline, note)
+    target = Path(out_dir) if out_dir is not None else Path(reports_dir) / report_folder_name(study_name)
+    return write_report(data, target)
+
+
+def write_report(data: ReportData, out_dir: Path) -> Path:
+    """Draw the figures of `data` and write the page, the CSV and the figure files into `out_dir`."""
+    from . import plots
+    from .html import Image, render_html
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, Any] = {
+        "pareto_batch": plots.plot_pareto(data.fronts[0]),
+        "pareto_memory": plots.plot_pareto(data.fronts[1], budget_bytes=data.budget_bytes, x_in_bytes=True),
+        "knobs": plots.plot_knobs(data.knobs, budget_bytes=data.budget_bytes),
+    }
+    if data.timeline is not None:
+        figures["timeline"] = plots.plot_timeline(data.timeline, budget_bytes=data.budget_bytes)
+    images: dict[str, Image] = {}
+    written: list[str] = []
+    for key, fig in figures.items():
+        stem, alt = FIGURES[key]
+        rendered = plots.render(fig)
+        _atomic_write_bytes(out_dir / f"{stem}.png", rendered.png)
+        _atomic_write_bytes(out_dir / f"{stem}.svg", rendered.svg)
+        names = (f"{stem}.png", f"{stem}.svg")
+        written += names
+        images[key] = Image(key=key, png=rendered.png, alt=alt, files=names, width_px=rendered.width_px,
+                            height_px=rendered.height_px)
+    for key, (stem, _) in FIGURES.items():  # a figure this report did not draw must not linger
+        if key not in figures:
+            for suffix in (".png", ".svg"):
+                (out_dir / f"{stem}{suffix}").unlink(missing_ok=True)
+    csv = _csv_frame(data).to_csv(index=False)
+    _readable(atomic_write_text(out_dir / "trials.csv", csv))
+    files = ["trials.csv", *written]
+    index = out_dir / "index.html"
+    _readable(atomic_write_text(index, render_html(data, images, files=files)))
+    log.debug("report written to %s", index)
+    return index
+
+
+def report_folder_name(study_name: str) -> str:
+    """The study's folder name: the name itself when it is a plain folder name (as the tuner
+    requires), else a safe slug plus a short hash, so any study in a shared storage gets a report."""
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", study_name) and ".." not in study_name:
+        return study_name
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", study_name).strip("._-")[:60] or "study"
+    return f"{slug}-{hashlib.sha256(study_name.encode('utf-8')).hexdigest()[:8]}"
+
+
+# ---- inputs ---------------------------------------------------------------------------------------
+
+def _load_study(study_name: str, *, storage: str | None, studies_dir: Path) -> tuple[Any, Any]:
+    """(the study, the opened storage it lives in)."""
+    import optuna
+
+    from tuner.storage import open_storage, resolve_storage
+
+    spec = resolve_storage(storage, report_folder_name(study_name) if storage is None else study_name,
+                           studies_dir=studies_dir)
+    if not spec.exists():
+        raise FileNotFoundError(f"no study database at {spec.path}: run `python -m tuner search --study "
+                                f"{study_name}` first, or pass --storage")
+    opened = open_storage(spec)
+    names = optuna.study.get_all_study_names(storage=opened)
+    if study_name not in names:
+        shown = ", ".join(repr(n) for n in names[:10]) or "none"
+        raise KeyError(f"storage {spec.display} has no study {study_name!r} (studies: {shown})")
+    return optuna.load_study(study_name=study_name, storage=opened), opened
+
+
+SCREEN_SUFFIX = ".simulated"  # tuner.search.SCREEN_SUFFIX: the simulated screening before measured runs
+
+
+def _screening_study(study: Any, storage: Any) -> Any | None:
+    """The screening study ``<study>.simulated`` in the same storage, if the search made one."""
+    import optuna
+
+    name = study.study_name + SCREEN_SUFFIX
+    if study.user_attrs.get("role") == "screen" or name not in optuna.study.get_all_study_names(storage=storage):
+        return None
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def _load_recommendation(path: Path) -> Recommendation | None:
+    if not path.is_file():
+        log.info("no %s: the report will say there is no recommendation", path)
+        return None
+    try:
+        return Recommendation.from_document(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, json.JSONDecodeError) as exc:
+        log.warning("%s is not a valid recommendation (%s); reporting without it", path, exc)
+        return None
+
+
+def _timeline(data: ReportData, *, study_dir: Path, study_attrs: Mapping[str, Any],
+              trials: Any = ()) -> tuple[Any, str]:
+    """(Timeline or None, caption / reason) for the recommended config versus no LMS."""
+    from .timeline import Timeline, load_measured_series, simulated_timeline
+
+    rec = data.recommendation
+    if rec is None:
+        return None, "No recommendation, so no timeline to compare."
+    series: list[Any] = []
+    notes: list[str] = []
+    graph_path = _graph_file(study_dir, study_attrs)
+    if graph_path is not None:
+        try:
+            from lms.config import LMSConfig
+            from lms.graph import Graph
+
+            doc = json.loads(graph_path.read_text(encoding="utf-8"))
+            graph = Graph.from_dict(doc["graph"] if "graph" in doc else doc)
+            device = _simulator_device(study_attrs, rec)
+            config = LMSConfig.from_dict(rec.config)
+            compared = [("no LMS", LMSConfig(n_tensors=0)), ("recommended", config)]
+            if not config.enabled:  # the recommendation is no LMS: one curve says it all
+                compared = [("recommended (no LMS)", config)]
+            tl = simulated_timeline(graph, compared, batch=rec.batch_size, device=device)
+            series += tl.series
+            where = f" on the {device} profile" if device else " (no device profile: memory order only)"
+            what = ("the recommended config swaps nothing (LMS off)" if not config.enabled else
+                    "both configs")
+            notes.append(f"Simulated{where} with lms.simulator from the traced graph ({graph_path.name}), "
+                         f"{what} at the recommended batch size {rec.batch_size}.")
+        except Exception as exc:  # a broken cache must not cost the whole report
+            log.warning("could not simulate the timeline from %s: %s", graph_path, exc)
+            notes.append(f"The simulated timeline could not be computed ({type(exc).__name__}: {exc}).")
+    else:
+        notes.append("No traced graph was found beside the study, so there is no simulated timeline.")
+    by_number = {t.number: t for t in trials}
+    for label, number in (("no LMS", data.baseline_trial), ("recommended", data.recommended_trial)):
+        trace = _measured_trace(study_dir, by_number.get(number), number)
+        if trace is not None:
+            try:
+                series.append(load_measured_series(trace, label=f"{label}, trial #{number}"))
+                notes.append(f"Measured: trial #{number} ({trace}).")
+            except ValueError as exc:
+                log.warning("%s", exc)
+    if not series:
+        return None, " ".join(notes)
+    notes.append("Curves: device bytes in use (the dot marks each peak); dotted line: end of the forward "
+                 "pass; strips: swap-out (device to host) and swap-in (host to device) copies.")
+    return Timeline(series=tuple(series)), " ".join(notes)
+
+
+MEASURED_TIMELINE = "timeline.json"
+
+
+def _measured_trace(study_dir: Path, trial: Any, number: int | None) -> Path | None:
+    """A measured step of trial `number`: ``<trial_dir>/timeline.json`` (``Timeline.to_dict()`` format
+    plus ``batch_size``), the trial dir being the record's ``trial_dir`` or ``<study>/trials/<NNNN>``."""
+    if number is None:
+        return None
+    folders = []
+    if trial is not None and isinstance(trial.user_attrs.get("trial_dir"), str):
+        folders.append(Path(trial.user_attrs["trial_dir"]))
+    folders.append(study_dir / "trials" / f"{number:04d}")
+    for folder in folders:
+        if (folder / MEASURED_TIMELINE).is_file():
+            return folder / MEASURED_TIMELINE
+    return None
+
+
+def _graph_file(study_dir: Path, study_attrs: Mapping[str, Any]) -> Path | None:
+    """The traced graph the search cached (``tuner.graph`` JSON), if any."""
+    named = study_attrs.get("graph_file") or study_attrs.get("graph_path")
+    if isinstance(named, str):
+        path = Path(named) if Path(named).is_absolute() else study_dir / named
+        if path.is_file():
+            return path
+    candidates = sorted(study_dir.glob("graph*.json")) + sorted(study_dir.glob("*.graph.json"))
+    return candidates[0] if candidates else None
+
+
+def _simulator_device(study_attrs: Mapping[str, Any], rec: Recommendation) -> str | None:
+    """The simulator's device profile the search used (``tuner.device`` in the study's attrs)."""
+    tuner_attrs = study_attrs.get("tuner") if isinstance(study_attrs.get("tuner"), Mapping) else {}
+    predicted = rec.document.get("predicted") if isinstance(rec.document.get("predicted"), Mapping) else {}
+    from lms.devices import get_device
+
+    for source in (study_attrs, tuner_attrs, predicted, rec.environment):
+        for key in ("device_profile", "simulator_device", "profile", "device"):
+            value = source.get(key)
+            name = value.get("name") if isinstance(value, Mapping) else value
+            if isinstance(name, str) and name:
+                try:
+                    return get_device(name).name
+                except (KeyError, ValueError):  # a free-form device name, not a profile
+                    continue
+    return None
+
+
+def _with_timeline(data: ReportData, timeline: Any, note: str) -> ReportData:
+    import dataclasses
+
+    return dataclasses.replace(data, timeline=timeline, timeline_note=note)
+
+
+def _csv_frame(data: ReportData) -> Any:
+    table = data.table.copy()
+    for col in ("batch_size",):
+        table[col] = table[col].astype("Int64")
+    return table
+
+
+def _readable(path: Path) -> Path:
+    """A report is for sharing: rw-r--r-- (temporary files start private)."""
+    os.chmod(path, 0o644)
+    return path
+
+
+def _atomic_write_bytes(path: Path, payload: bytes) -> Path:
+    """Write bytes via a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+            os.fchmod(fh.fileno(), 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path

@@ -1,0 +1,421 @@
+"""Lay out the report as one self-contained HTML page. No matplotlib, no network.
+
+Images arrive as PNG bytes and are embedded as ``data:`` URIs; the page carries
+a Content-Security-Policy that allows nothing but those images and its own
+inline style, so it opens from disk and makes no request. Every piece of text
+that comes from users or the study (study name, model spec, params, failure
+reasons, environment values) goes through `html.escape`.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import pandas as pd
+
+from .data import KNOB_COLUMNS, ReportData
+
+__all__ = ["Image", "render_html", "CSP"]
+
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+
+
+@dataclass(frozen=True)
+class Image:
+    """One figure for the page.
+
+    Attributes:
+        key: section it belongs to (``"pareto_batch"``, ``"pareto_memory"``, ``"timeline"``, ``"knobs"``).
+        png: PNG bytes, embedded.
+        alt: text alternative.
+        files: the PNG/SVG files written beside the page (names only).
+        width_px / height_px: pixel size of the PNG.
+    """
+
+    key: str
+    png: bytes
+    alt: str
+    files: tuple[str, ...] = ()
+    width_px: int = 0
+    height_px: int = 0
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _num(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def fmt_bytes(value: Any) -> str:
+    f = _num(value)
+    if f is None:
+        return "–"
+    from tuner.budget import format_bytes
+
+    return format_bytes(f)
+
+
+def fmt_int(value: Any) -> str:
+    f = _num(value)
+    return "–" if f is None else f"{int(round(f)):,}"
+
+
+def fmt_num(value: Any) -> str:
+    """A count or median: ``16`` rather than ``16.0``, one decimal otherwise."""
+    f = _num(value)
+    if f is None:
+        return "–"
+    return f"{int(f):,}" if f.is_integer() else f"{f:,.1f}"
+
+
+def fmt_rate(value: Any) -> str:
+    f = _num(value)
+    if f is None:
+        return "–"
+    return f"{f:,.1f}" if f >= 10 else f"{f:.3g}"
+
+
+def _pct(value: float | None, *, signed: bool = True) -> str:
+    if value is None or math.isnan(value):
+        return "–"
+    return f"{value * 100:+.1f}%" if signed else f"{value * 100:.1f}%"
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, row_classes: Sequence[str] = (),
+           numeric: Sequence[int] = (), cls: str = "") -> str:
+    """A table from already-escaped cell HTML."""
+    head = "".join(f"<th>{h}</th>" for h in headers)
+    body = []
+    for i, row in enumerate(rows):
+        rc = row_classes[i] if i < len(row_classes) and row_classes[i] else ""
+        cells = "".join(f'<td class="num">{c}</td>' if j in numeric else f"<td>{c}</td>"
+                        for j, c in enumerate(row))
+        body.append(f'<tr class="{rc}">{cells}</tr>' if rc else f"<tr>{cells}</tr>")
+    return (f'<table class="{cls}"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table>')
+
+
+def _img(image: Image | None, *, caption: str) -> str:
+    if image is None:
+        return ""
+    data = base64.b64encode(image.png).decode("ascii")
+    size = f' width="{image.width_px}" height="{image.height_px}"' if image.width_px else ""
+    files = ", ".join(f"<code>{_e(f)}</code>" for f in image.files)
+    return (f'<figure><img src="data:image/png;base64,{data}" alt="{_e(image.alt)}"{size}>'
+            f"<figcaption>{caption}{' Files: ' + files + '.' if files else ''}</figcaption></figure>")
+
+
+def _config_knobs(config: Mapping[str, Any]) -> str:
+    """``n_tensors=100, lb=5, fuse_swapins=true``: n_tensors and lb always, other fields where they
+    differ from LMSConfig's defaults (``n_tensors=0``: LMS off, nothing else matters)."""
+    from lms.config import LMSConfig
+
+    if config.get("n_tensors") == 0:
+        return "n_tensors=0 (LMS off)"
+    defaults = LMSConfig().to_dict()
+    shown = [f"{k}={json.dumps(v)}" + (" (all)" if k == "n_tensors" and v == -1 else "")
+             for k, v in config.items() if k in ("n_tensors", "lb") or defaults.get(k, object()) != v]
+    return ", ".join(shown)
+
+
+# ---- sections ----------------------------------------------------------------------------------
+
+def _header(data: ReportData) -> str:
+    env = "".join(f'<div class="kv{" wide" if len(v) > 48 else ""}"><span class="k">{_e(k)}</span> '
+                  f'<span class="v">{_e(v)}</span></div>' for k, v in data.environment)
+    return (f'<header><h1>LMS tuning report: <span class="study">{_e(data.study_name)}</span></h1>'
+            f'<p class="sub">Generated {_e(data.generated)}. Objectives: largest batch size and highest '
+            f"throughput under the memory budget.</p></header>"
+            f'<section id="environment"><h2>Environment</h2><div class="env">{env}</div>'
+            f'<p class="note" id="measurement">{_e(data.measurement_note)}</p>{_prediction_check(data)}</section>')
+
+
+def _prediction_check(data: ReportData) -> str:
+    """How far the simulator's max batch and throughput were from the measured ones."""
+    check = data.prediction
+    if check is None or check.empty:
+        return ""
+    ratios = check["batch_ratio"]
+    summary = (f"Simulator vs measurement, {len(check)} measured trials: measured max batch = "
+               f"{ratios.median():.2f}× the predicted one (median; range {ratios.min():.2f}×–{ratios.max():.2f}×)")
+    tput = check["throughput_ratio"].dropna()
+    if len(tput):
+        summary += f"; measured throughput = {tput.median():.2f}× the predicted (median)"
+    rows = [[f"#{r.number}", fmt_int(r.predicted_batch), fmt_int(r.batch_size), f"{r.batch_ratio:.2f}×",
+             fmt_rate(r.predicted_throughput), fmt_rate(r.throughput),
+             "–" if math.isnan(r.throughput_ratio) else f"{r.throughput_ratio:.2f}×"] for r in check.itertuples()]
+    table = _table(["trial", "predicted batch", "measured batch", "ratio", "predicted samples/s",
+                    "measured samples/s", "ratio"], rows, numeric=(1, 2, 3, 4, 5, 6))
+    return f'<details id="prediction"><summary>{_e(summary)}.</summary>{table}</details>'
+
+
+def _recommendation(data: ReportData) -> str:
+    rec = data.recommendation
+    if rec is None:
+        failures = data.trials[~data.trials["feasible"]]
+        counts = failures["status"].value_counts()
+        reasons = failures["reason"][failures["reason"] != ""].value_counts().head(3)
+        lines = "".join(f"<li>{_e(k)}: {int(v)} trials</li>" for k, v in counts.items())
+        why = "".join(f"<li><code>{_e(k)}</code> ({int(v)}×)</li>" for k, v in reasons.items())
+        return ('<section id="recommendation" class="box none"><h2>No recommendation</h2>'
+                "<p>No trial produced a configuration that fits the budget, so there is no "
+                "<code>recommended.json</code> yet.</p>"
+                + (f"<ul>{lines}</ul>" if lines else "")
+                + (f"<p>Most common reasons:</p><ul>{why}</ul>" if why else "") + "</section>")
+    base = data.row(data.baseline_trial)
+    figures = []
+    batch_vs = ""
+    tput_vs = ""
+    if base is not None and _num(base.get("batch_size")):
+        ratio = rec.batch_size / float(base["batch_size"])
+        batch_vs = f"{ratio:.2f}× the no-LMS maximum of {fmt_int(base['batch_size'])}"
+        if rec.throughput is not None and _num(base.get("throughput")):
+            change = rec.throughput / float(base["throughput"]) - 1.0
+            tput_vs = f"{_pct(change)} vs no LMS at batch {fmt_int(base['batch_size'])}"
+    elif base is None:
+        batch_vs = "no no-LMS baseline trial in this study"
+    figures.append(("batch size", fmt_int(rec.batch_size), batch_vs))
+    figures.append(("throughput", f"{fmt_rate(rec.throughput)} samples/s", tput_vs))
+    figures.append(("peak device memory", fmt_bytes(rec.peak_device_bytes),
+                    f"{fmt_int(rec.peak_device_bytes)} bytes" if rec.peak_device_bytes is not None else ""))
+    if rec.headroom_bytes is not None:
+        figures.append(("headroom", fmt_bytes(rec.headroom_bytes),
+                        f"{_pct(rec.headroom_fraction, signed=False)} of the {fmt_bytes(rec.budget_bytes)} budget"))
+    else:
+        figures.append(("headroom", "–", "budget or peak unknown"))
+    cells = "".join(f'<div class="fig"><div class="label">{_e(label)}</div><div class="value">{_e(value)}</div>'
+                    f'<div class="detail">{_e(detail)}</div></div>' for label, value, detail in figures)
+    kind = rec.source or ("measured" if rec.measured else "predicted (simulator)")
+    trial = f"trial #{data.recommended_trial}" if data.recommended_trial is not None else "trial not found in the study"
+    warnings = []
+    if not rec.measured:
+        warnings.append("These figures are predictions: confirm with a measured run before relying on the batch size.")
+    if rec.headroom_fraction is not None and rec.headroom_fraction < 0.02:
+        warnings.append("Less than 2% headroom: fragmentation or a different input size may run out of memory.")
+    if rec.headroom_bytes is not None and rec.headroom_bytes < 0:
+        warnings.append("The recorded peak is above the budget.")
+    warn = "".join(f'<p class="warn">{_e(w)}</p>' for w in warnings)
+    about = []
+    if rec.selection:
+        about.append(f"Chosen as the {rec.selection}.")
+    about += list(rec.notes)
+    about_html = "".join(f'<p class="note">{_e(a)}</p>' for a in about)
+    path = json.dumps(data.recommendation_path)
+    code = (f"import lms\n"
+            f"cfg = lms.LMSConfig.load({path})\n"
+            f"step = lms.function(train_step, config=cfg)  # train with batch size {rec.batch_size}")
+    config_json = json.dumps(dict(rec.config), indent=2)
+    return (f'<section id="recommendation" class="box"><h2>Recommendation</h2>'
+            f'<p class="kind">{_e(trial)} · backend {_e(rec.backend or "–")} · <strong>{_e(kind)}</strong> · '
+            f"knobs: <code>{_e(_config_knobs(rec.config))}</code></p>"
+            f'<div class="figs">{cells}</div>{warn}{about_html}'
+            f"<p>Load and use it in a training script:</p><pre><code>{_e(code)}</code></pre>"
+            f"<details><summary>Full configuration</summary><pre><code>{_e(config_json)}</code></pre></details>"
+            "</section>")
+
+
+def _front_table(data: ReportData) -> str:
+    """The trials on either front, one row per distinct (batch, throughput, peak), marked per front."""
+    on = [set(int(n) for n in f.front["number"]) for f in data.fronts]
+    numbers = sorted(on[0] | on[1])
+    if not numbers:
+        return '<p class="note">No feasible trial: no front.</p>'
+    groups: dict[tuple, list[dict[str, Any]]] = {}  # searches often find one point many times
+    for number in numbers:
+        r = data.row(number)
+        assert r is not None
+        groups.setdefault((r["batch_size"], r["throughput"], r["peak_bytes"]), []).append(r)
+    rows, classes = [], []
+    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2])):
+        members = sorted(groups[key], key=lambda m: (m["number"] != data.recommended_trial, m["number"]))
+        r = members[0]
+        headroom = (data.budget_bytes - r["peak_bytes"]) if data.budget_bytes and _num(r["peak_bytes"]) else None
+        knobs = _e(_knob_text(r))
+        if len(members) > 1:
+            same = ", ".join(f"#{m['number']}" for m in members[1:])
+            knobs += f'<br><span class="note">same figures: {same}</span>'
+        marks = ["✓" if any(m["number"] in front for m in members) else "" for front in on]
+        rows.append([f"#{int(r['number'])}", fmt_int(r["batch_size"]), fmt_rate(r["throughput"]),
+                     fmt_bytes(r["peak_bytes"]), fmt_bytes(headroom), *marks, knobs,
+                     "measured" if r["measured"] else "predicted"])
+        classes.append(_row_class(data, r))
+    return _table(["trial", "batch", "samples/s", "peak", "headroom", "batch front", "memory front", "knobs",
+                   "figures"], rows, row_classes=classes, numeric=(1, 2, 3, 4), cls="front")
+
+
+def _knob_text(row: Mapping[str, Any]) -> str:
+    config = row.get("config") or {}
+    if config:
+        return _config_knobs(config)
+    return ", ".join(f"{k}={v}" for k, v in sorted((row.get("params") or {}).items()))
+
+
+def _row_class(data: ReportData, row: Mapping[str, Any]) -> str:
+    parts = []
+    if row["number"] == data.recommended_trial:
+        parts.append("rec")
+    if row["number"] == data.baseline_trial:
+        parts.append("base")
+    if not row["feasible"]:
+        parts.append("failed")
+    return " ".join(parts)
+
+
+def _pareto(data: ReportData, images: Mapping[str, Image]) -> str:
+    n_failed = int((~data.trials["feasible"]).sum())
+    unplotted = [f.n_unplotted for f in data.fronts]
+    note = (f"{n_failed} failed trials are drawn as crosses (at zero throughput when they have none)."
+            if n_failed else "No trial failed.")
+    if any(unplotted):
+        note += f" {max(unplotted)} trials have no batch size or peak and are not drawn."
+    if data.screen_name and data.screen_trials is not None:
+        note += (f" Hollow circles: the {len(data.fronts[0].screen)} feasible trials of the simulated screening "
+                 f"study {data.screen_name} (predicted figures), whose front chose the configs measured here.")
+    cap_batch = ("Throughput against batch size. The front: no other trial has both a larger batch and "
+                 "a higher throughput. " + note)
+    cap_mem = ("Throughput against peak device memory. The front: no other trial is both faster and "
+               "smaller. The dashed line is the budget. " + note)
+    return ('<section id="pareto"><h2>Memory / throughput trade-off</h2>'
+            f'<div class="pair">{_img(images.get("pareto_batch"), caption=_e(cap_batch))}'
+            f'{_img(images.get("pareto_memory"), caption=_e(cap_mem))}</div>'
+            f"<h3>Pareto-optimal trials</h3>{_front_table(data)}</section>")
+
+
+def _timeline(data: ReportData, images: Mapping[str, Image]) -> str:
+    image = images.get("timeline")
+    body = (_img(image, caption=_e(data.timeline_note)) if image is not None
+            else f'<p class="note">{_e(data.timeline_note or "No timeline available.")}</p>')
+    table = ""
+    tl = data.timeline
+    if tl is not None:
+        rows = [[_e(s.label), _e(s.source), fmt_int(s.batch_size), fmt_bytes(s.peak_bytes),
+                 f"{s.step_time_s * 1e3:.2f}" if s.step_time_s is not None else "–",
+                 fmt_int(len(s.swap_outs)), fmt_int(len(s.swap_ins)), fmt_bytes(s.swapped_bytes)]
+                for s in tl.series]
+        table = _table(["series", "source", "batch", "peak", "step (ms)", "swap-outs", "swap-ins",
+                        "bytes swapped out"], rows, numeric=(2, 3, 4, 5, 6, 7))
+    return f'<section id="timeline"><h2>Memory over one training step</h2>{body}{table}</section>'
+
+
+def _knobs(data: ReportData, images: Mapping[str, Image]) -> str:
+    parts = []
+    for effect in data.knobs:
+        s = effect.summary
+        if s.empty:
+            continue
+        rows = [[_e(r.label), fmt_int(r.n_trials), fmt_num(r.batch_median), fmt_rate(r.throughput_median),
+                 fmt_rate(r.throughput_max), fmt_bytes(r.peak_median)] for r in s.itertuples()]
+        scope = " (trials that swap)" if effect.knob != "n_tensors" else ""
+        parts.append(f"<div><h3>{_e(effect.knob)}{scope}</h3>" + _table(
+            [_e(effect.knob), "trials", "median batch", "median samples/s", "best samples/s", "median peak"],
+            rows, numeric=(1, 2, 3, 4, 5), cls="knob") + "</div>")
+    caption = ("Each dot is a feasible trial (spread sideways a little so equal values stay visible); the "
+               "bar is the median per knob value. n_tensors: how many candidate tensors are swapped "
+               "(all = every candidate); lb: how many levels before its consumer a swap-in starts.")
+    return ('<section id="knobs"><h2>How the knobs matter</h2>'
+            f'{_img(images.get("knobs"), caption=_e(caption))}<div class="pair">{"".join(parts)}</div></section>')
+
+
+def _varying_knobs(trials: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(knob columns that differ between trials, plus n_tensors and lb; ``k=v`` of the constant ones)."""
+    shown, constant = [], []
+    for k in KNOB_COLUMNS:
+        values = {_plain(v) for v in trials[k]}
+        if k in ("n_tensors", "lb") or len(values) > 1:
+            shown.append(k)
+        elif values and values != {"–"}:
+            constant.append(f"{k}={values.pop()}")
+    return shown, constant
+
+
+def _trial_table(data: ReportData) -> str:
+    knobs, constant = _varying_knobs(data.trials)
+    rows, classes = [], []
+    for r in data.trials.to_dict("records"):
+        peak_kind = "predicted" if r["peak_is_predicted"] or not r["measured"] else "measured"
+        no_rate = not r["feasible"] and not (_num(r["throughput"]) or 0) > 0
+        cells = [f"#{r['number']}", _e(r["status"] if r["state"] == "complete" else f"{r['status']} ({r['state']})"),
+                 fmt_int(r["batch_size"]), "–" if no_rate else fmt_rate(r["throughput"]), fmt_bytes(r["peak_bytes"]),
+                 _e(peak_kind if _num(r["peak_bytes"]) is not None else "–"), _e(r["backend"] or "–")]
+        cells += [_e(_plain(r[k])) for k in knobs]
+        cells.append(_e(r["reason"]))
+        rows.append(cells)
+        classes.append(_row_class(data, r))
+    headers = ["trial", "status", "batch", "samples/s", "peak", "peak is", "backend", *knobs, "reason"]
+    table = _table([_e(c) for c in headers], rows, row_classes=classes, numeric=(2, 3, 4), cls="trials")
+    same = (" Same in every trial: <code>" + _e(", ".join(constant)) + "</code>.") if constant else ""
+    return ('<section id="trials"><h2>All trials</h2>'
+            '<p class="note"><span class="swatch rec"></span> recommended · <span class="swatch base"></span> '
+            'no-LMS baseline · <span class="swatch failed"></span> failed (batch 0: no batch fits).'
+            f"{same} Every column, as data: <code>trials.csv</code> beside this page.</p>" + table + "</section>")
+
+
+def _plain(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+_STYLE = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d1d1f;margin:0 auto;
+ max-width:1280px;padding:16px 24px 48px}
+h1{font-size:22px;margin:8px 0 2px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd;
+ padding-bottom:4px}h3{font-size:14px;margin:16px 0 6px}
+.sub,.note,figcaption{color:#555;font-size:13px}.study{font-family:ui-monospace,Menlo,monospace}
+table{border-collapse:collapse;font-size:12.5px;margin:4px 0 8px}th,td{padding:3px 8px;
+ border-bottom:1px solid #eee;text-align:left;vertical-align:top}thead th{background:#f5f5f7;
+ position:sticky;top:0}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.env{display:grid;grid-template-columns:repeat(auto-fill,minmax(380px,1fr));gap:2px 24px;font-size:13px}
+.kv .k{font-weight:600;color:#444;display:inline-block;min-width:8.5em}.kv .v{overflow-wrap:anywhere}.kv.wide{grid-column:1/-1}
+td.num{white-space:nowrap}
+tr.rec td{background:#fff3d6}tr.base td{background:#ececec}tr.failed td{color:#a33d00}
+.swatch{display:inline-block;width:10px;height:10px;border:1px solid #bbb}.swatch.rec{background:#fff3d6}
+.swatch.base{background:#ececec}.swatch.failed{background:#a33d00}
+.box{border:2px solid #E69F00;border-radius:8px;padding:4px 18px 12px;background:#fffbf2}
+.box.none{border-color:#D55E00;background:#fff6f1}.box h2{border:0}
+.figs{display:flex;flex-wrap:wrap;gap:12px;margin:8px 0}.fig{background:#fff;border:1px solid #eee;
+ border-radius:6px;padding:8px 12px;min-width:190px}.fig .label{color:#666;font-size:12px}
+.fig .value{font-size:22px;font-weight:600}.fig .detail{color:#555;font-size:12px}
+.warn{color:#a33d00;font-weight:600}
+pre{background:#f5f5f7;padding:10px 12px;border-radius:6px;overflow-x:auto}
+code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12.5px}
+figure{margin:8px 0}img{max-width:100%;height:auto;border:1px solid #eee}
+.pair{display:flex;flex-wrap:wrap;gap:16px}.pair>figure{flex:1 1 560px}.pair>div{flex:0 1 auto}
+footer{margin-top:32px;color:#777;font-size:12px}
+"""
+
+
+def render_html(data: ReportData, images: Mapping[str, Image], *, files: Sequence[str] = ()) -> str:
+    """The whole page as one string (UTF-8, no external references).
+
+    Args:
+        data: everything computed for the report.
+        images: figures by key (missing keys leave their section without a figure).
+        files: names of the files written beside the page, listed in the footer.
+    """
+    listed = ", ".join(f"<code>{_e(f)}</code>" for f in files)
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f'<meta http-equiv="Content-Security-Policy" content="{_e(CSP)}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta name="referrer" content="no-referrer">'
+        f"<title>LMS tuning report: {_e(data.study_name)}</title><style>{_STYLE}</style></head><body>\n"
+        + _header(data) + "\n" + _recommendation(data) + "\n" + _pareto(data, images) + "\n"
+        + _timeline(data, images) + "\n" + _knobs(data, images) + "\n" + _trial_table(data) + "\n"
+        + f"<footer>Written by <code>python -m tuner report</code>. Files beside this page: {listed or '–'}."
+        "</footer>\n</body></html>\n")
