@@ -37,6 +37,9 @@ creates a cycle.
 previous consumer share one swap-in (its own swap-in would be triggered before
 the previous consumer runs, so the copies would coexist anyway).
 
+Last, triggers that Grappler could fold into a fusion are moved to a safe
+ancestor (`lms.anchor.anchor_triggers`): the plan is exactly what is applied.
+
 ``swap_branches``: a forward tensor whose forward readers lie more than
 ``branch_threshold`` levels after its producer (a long skip connection) is also
 swapped out, and those far readers get a swap-in triggered by a forward op
@@ -50,6 +53,7 @@ import heapq
 import logging
 from typing import Iterable, Iterator
 
+from .anchor import anchor_triggers
 from .config import LMSConfig
 from .graph import SHAPE_ONLY_TYPES, Graph, Role
 from .plan import Skip, Swap, SwapIn, SwapPlan, swap_op_name
@@ -156,6 +160,7 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
         _add_branch_swaps(graph, config, swaps, skipped)
     plan = SwapPlan(config=config, swaps=tuple(swaps.values()), skipped=tuple(skipped),
                     n_candidates=len(candidates), graph_name=graph.name, batch_size=graph.batch_size)
+    plan = anchor_triggers(graph, plan)
     log.debug("planned %d swaps (%d swap-ins) of %d candidates", plan.n_swapped, plan.n_swap_ins,
               len(candidates))
     return plan

@@ -7,7 +7,7 @@ When the step's Python function returns, still inside the trace (so after
 ``apply_gradients`` too), the graph built so far is read into the graph model
 (`lms.tf.extract.extract_graph`), planned (`lms.plan_swaps`), its triggers
 anchored where Grappler would otherwise optimize differently
-(`lms.tf.apply.anchor_triggers`), checked (`SwapPlan.validate`) and applied
+(`lms.anchor.anchor_triggers`), checked (`SwapPlan.validate`) and applied
 (`lms.tf.apply.apply_plan`). TensorFlow then adds its automatic control
 dependencies and turns the edited graph into the function it runs::
 
@@ -43,7 +43,7 @@ from ..config import LMSConfig
 from ..graph import Graph
 from ..plan import SwapPlan
 from ..planner import plan_swaps
-from .apply import AppliedPlan, anchor_triggers, apply_plan
+from .apply import AppliedPlan, apply_plan
 from .emulate import default_emulate
 from .extract import extract_graph
 from .train import GradientRecord, record_gradients
@@ -174,7 +174,7 @@ class _Rewriter:
         model = extract_graph(graph, loss_tensor=rec.targets, batch_size=batch, symbolic_batch=symbolic,
                               backward_ops=rec.backward_ops, name=self.owner)
         extracted = time.perf_counter()
-        plan = anchor_triggers(model, plan_swaps(model, self.config))
+        plan = plan_swaps(model, self.config)  # triggers already anchored (lms.anchor)
         plan.validate(model)
         planned = time.perf_counter()
         applied = apply_plan(graph, plan, swap_ops=self.swap_ops, bandwidth=self.bandwidth, device=self.device)
