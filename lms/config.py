@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["LMSConfig", "CONFIG_SCHEMA", "SCHEMA_VERSION", "STRATEGIES", "atomic_write_text"]
+__all__ = ["LMSConfig", "CONFIG_SCHEMA", "SCHEMA_VERSION", "STRATEGIES", "atomic_write_text", "atomic_write_bytes"]
 
 CONFIG_SCHEMA = "lms.config"
 RECOMMENDATION_SCHEMA = "tuner.recommendation"
@@ -216,17 +216,23 @@ def _umask() -> int:
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write `text` to `path` via a temporary file in the same folder and a rename.
+    """Write `text` (UTF-8) to `path` atomically; see `atomic_write_bytes`."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
-    A reader never sees a half-written file; on failure the old file is untouched.
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write `data` to `path` via a temporary file in the same folder and a rename.
+
+    A reader never sees a half-written file; on failure the old file is untouched
+    and no temporary file is left. The file gets the usual mode (0666 & ~umask).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

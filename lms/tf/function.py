@@ -259,7 +259,40 @@ def _call_batch(args: tuple, kwargs: dict) -> int | None:
     return None
 
 
-class LMSFunction:
+class _LatestTrace:
+    """What the latest trace did: shared by `LMSFunction` and `lms.tf.keras.KerasLMS`."""
+
+    _rewriter: _Rewriter
+
+    @property
+    def config(self) -> LMSConfig:
+        return self._rewriter.config
+
+    @property
+    def swap_ops(self) -> str:
+        """``"emulated"`` or ``"device"``."""
+        return self._rewriter.swap_ops
+
+    @property
+    def plan(self) -> SwapPlan | None:
+        """Plan of the latest trace (None before the first trace)."""
+        last = self._rewriter.last
+        return last.plan if last else None
+
+    @property
+    def graph(self) -> Graph | None:
+        """Graph model the latest plan was made for (the step as traced, before rewriting)."""
+        last = self._rewriter.last
+        return last.graph if last else None
+
+    @property
+    def summary(self) -> LMSSummary | None:
+        """`LMSSummary` of the latest trace (None before the first trace)."""
+        last = self._rewriter.last
+        return last.summary if last else None
+
+
+class LMSFunction(_LatestTrace):
     """A ``tf.function`` whose traced graph swaps activations to host memory (see module docstring).
 
     Attributes:
@@ -314,14 +347,6 @@ class LMSFunction:
         return self._tf_function.get_concrete_function(*args, **kwargs)
 
     @property
-    def config(self) -> LMSConfig:
-        return self._rewriter.config
-
-    @property
-    def swap_ops(self) -> str:
-        return self._rewriter.swap_ops
-
-    @property
     def python_function(self) -> Callable:
         return self._fn
 
@@ -331,27 +356,9 @@ class LMSFunction:
         return self._tf_function
 
     @property
-    def plan(self) -> SwapPlan | None:
-        """Plan of the latest trace (None before the first call)."""
-        last = self._rewriter.last
-        return last.plan if last else None
-
-    @property
-    def graph(self) -> Graph | None:
-        """Graph model the latest plan was made for (the step as traced, before rewriting)."""
-        last = self._rewriter.last
-        return last.graph if last else None
-
-    @property
     def applied(self) -> AppliedPlan | None:
         last = self._rewriter.last
         return last.applied if last else None
-
-    @property
-    def summary(self) -> LMSSummary | None:
-        """`LMSSummary` of the latest trace (None before the first call)."""
-        last = self._rewriter.last
-        return last.summary if last else None
 
     @property
     def timings(self) -> Mapping[str, float] | None:

@@ -33,9 +33,7 @@ from typing import Any
 import keras
 
 from ..config import LMSConfig
-from ..graph import Graph
-from ..plan import SwapPlan
-from .function import LMSSummary, _Rewriter
+from .function import _LatestTrace, _Rewriter
 
 __all__ = ["LMSModel", "enable_lms", "KerasLMS"]
 
@@ -45,7 +43,7 @@ _JIT_MESSAGE = ("LMS cannot rewrite an XLA-compiled step (jit_compile=True bypas
                 "compile the model with jit_compile=False")
 
 
-class KerasLMS:
+class KerasLMS(_LatestTrace):
     """LMS state of one Keras model: config, and what the latest traced train step swapped.
 
     Attributes:
@@ -56,30 +54,6 @@ class KerasLMS:
     def __init__(self, config: Any, *, emulate: bool | None = None, bandwidth: float | None = None,
                  device: str | None = None, owner: str = "model.fit") -> None:
         self._rewriter = _Rewriter(config, emulate=emulate, bandwidth=bandwidth, device=device, owner=owner)
-
-    @property
-    def config(self) -> LMSConfig:
-        return self._rewriter.config
-
-    @property
-    def swap_ops(self) -> str:
-        return self._rewriter.swap_ops
-
-    @property
-    def summary(self) -> LMSSummary | None:
-        """`LMSSummary` of the latest traced train step (None before ``fit``)."""
-        last = self._rewriter.last
-        return last.summary if last else None
-
-    @property
-    def plan(self) -> SwapPlan | None:
-        last = self._rewriter.last
-        return last.plan if last else None
-
-    @property
-    def graph(self) -> Graph | None:
-        last = self._rewriter.last
-        return last.graph if last else None
 
     def train_step(self, model: Any, train_step: Any, data: Any) -> Any:
         """Run Keras' `train_step` (during tracing) and rewrite what it built."""

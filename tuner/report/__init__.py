@@ -17,11 +17,10 @@ import json
 import logging
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from lms.config import atomic_write_text
+from lms.config import atomic_write_bytes, atomic_write_text
 
 from .data import Recommendation, ReportData, report_data
 
@@ -96,8 +95,8 @@ def write_report(data: ReportData, out_dir: Path) -> Path:
     for key, fig in figures.items():
         stem, alt = FIGURES[key]
         rendered = plots.render(fig)
-        _atomic_write_bytes(out_dir / f"{stem}.png", rendered.png)
-        _atomic_write_bytes(out_dir / f"{stem}.svg", rendered.svg)
+        atomic_write_bytes(out_dir / f"{stem}.png", rendered.png)
+        atomic_write_bytes(out_dir / f"{stem}.svg", rendered.svg)
         names = (f"{stem}.png", f"{stem}.svg")
         written += names
         images[key] = Image(key=key, png=rendered.png, alt=alt, files=names, width_px=rendered.width_px,
@@ -107,10 +106,10 @@ def write_report(data: ReportData, out_dir: Path) -> Path:
             for suffix in (".png", ".svg"):
                 (out_dir / f"{stem}{suffix}").unlink(missing_ok=True)
     csv = _csv_frame(data).to_csv(index=False)
-    _readable(atomic_write_text(out_dir / "trials.csv", csv))
+    atomic_write_text(out_dir / "trials.csv", csv)
     files = ["trials.csv", *written]
     index = out_dir / "index.html"
-    _readable(atomic_write_text(index, render_html(data, images, files=files)))
+    atomic_write_text(index, render_html(data, images, files=files))
     log.debug("report written to %s", index)
     return index
 
@@ -278,29 +277,3 @@ def _csv_frame(data: ReportData) -> Any:
     for col in ("batch_size",):
         table[col] = table[col].astype("Int64")
     return table
-
-
-def _readable(path: Path) -> Path:
-    """A report is for sharing: rw-r--r-- (temporary files start private)."""
-    os.chmod(path, 0o644)
-    return path
-
-
-def _atomic_write_bytes(path: Path, payload: bytes) -> Path:
-    """Write bytes via a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-            os.fchmod(fh.fileno(), 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
