@@ -19,6 +19,12 @@ __version__ = "0.1.0"
 
 # name -> module that defines it; imported lazily because they import TensorFlow.
 _LAZY = {
+    "simulate": "lms.simulator",
+    "max_batch": "lms.simulator",
+    "DEVICES": "lms.devices",
+    "get_device": "lms.devices",
+    "measure_step": "lms.tf.measure",
+    "make_train_step": "lms.tf.train",
     "function": "lms.tf.function",
     "LMSFunction": "lms.tf.function",
     "LMSModel": "lms.tf.keras",
