@@ -1,4 +1,4 @@
-"""``python -m tuner`` / ``lms-tuner``: search, best, list, report.
+"""``python -m tuner`` / ``lms-tuner``: search, best, list, report, validate-config.
 
 Exit codes: 0 success; 1 failure (trials failing, interrupted, nothing fits);
 2 bad input (one line on stderr, no traceback, nothing written).
@@ -9,14 +9,12 @@ Exit codes: 0 success; 1 failure (trials failing, interrupted, nothing fits);
     lms-tuner best --study resnet50-emulated
     lms-tuner list
     lms-tuner report --study resnet50-emulated
+    lms-tuner validate-config my_lms.json                   # check an LMS config file (or a recommended.json)
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
-import inspect
 import json
 import logging
 import os
@@ -207,6 +205,9 @@ def _add_search(sub: Any) -> None:
                    help="trial workers in parallel: gpu backend: one on each of GPUs 0..N-1 (same as --gpus); "
                         "emulated: N on the CPU, whose timings then interfere (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print recommended.json to stdout instead of a summary")
+    p.add_argument("--reports-dir", type=Path, default=Path("reports"), metavar="DIR",
+                   help="where the HTML report is written at the end (default: reports/<study>/)")
+    p.add_argument("--no-report", action="store_true", help="do not write the HTML report at the end")
     _common(p)
     p.set_defaults(func=cmd_search)
 
@@ -242,6 +243,19 @@ def _add_report(sub: Any) -> None:
     p.set_defaults(func=cmd_report)
 
 
+def _add_validate_config(sub: Any) -> None:
+    p = sub.add_parser(
+        "validate-config", help="check an LMS config file (or a recommended.json) and print it",
+        description="Read an LMS config file the way lms.LMSConfig.load does (a {\"schema\": \"lms.config\", ...} "
+                    "file, or a tuner recommended.json) and print the config; a file that is not valid JSON, has "
+                    "unknown keys, wrong types or impossible values (lb > ub, n_tensors < -1, an unknown "
+                    "ctrld_strategy) is reported in one line with exit code 2. Nothing is written.")
+    p.add_argument("path", type=Path, metavar="PATH", help="the JSON file to check")
+    p.add_argument("--json", action="store_true", help="print the config as JSON")
+    _common(p)
+    p.set_defaults(func=cmd_validate_config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Tune Large Model Support (tensor swapping) for a model and a memory "
                                             "budget, with Optuna.")
@@ -254,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_best(sub)
     _add_list(sub)
     _add_report(sub)
+    _add_validate_config(sub)
     return parser
 
 
@@ -413,6 +428,7 @@ def cmd_search(args: argparse.Namespace) -> int:
              "again to resume")
         return EXIT_FAILURE
     if outcome.recommendation is None:
+        _report_after_search(args, settings.study, settings.studies_dir)
         _err(f"no config fits the budget in study {settings.study} ({outcome.completed} trials); see "
              f"{outcome.trials_csv}")
         return EXIT_FAILURE
@@ -426,6 +442,7 @@ def cmd_search(args: argparse.Namespace) -> int:
               + f"; {outcome.wall_s:.0f} s)")
         if outcome.stopped_early:
             print(f"stopped before {settings.trials} trials (time limit); run the same command to continue")
+    _report_after_search(args, settings.study, settings.studies_dir)
     return EXIT_OK
 
 
@@ -539,22 +556,45 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     _open_existing(args)  # the study must exist (exit 2 otherwise)
-    if importlib.util.find_spec("tuner.report") is None:
-        _err("the report module (tuner.report) is not installed in this version; use 'best', trials.csv or "
-             "optuna-dashboard instead")
-        return EXIT_FAILURE
-    build = getattr(importlib.import_module("tuner.report"), "build_report", None)
-    if build is None:
-        _err("tuner.report has no build_report(); cannot build the report")
-        return EXIT_FAILURE
-    params = inspect.signature(build).parameters
-    kwargs: dict[str, Any] = {}
-    for name, value in (("storage", args.storage), ("studies_dir", args.studies_dir),
-                        ("reports_dir", args.reports_dir)):
-        if name in params and value is not None:
-            kwargs[name] = value
-    path = build(args.study, **kwargs)
+    from .report import build_report
+
+    path = build_report(args.study, storage=args.storage, studies_dir=args.studies_dir,
+                        reports_dir=args.reports_dir)
     print(f"report: {path}")
+    return EXIT_OK
+
+
+def _report_after_search(args: argparse.Namespace, study: str, studies_dir: Path) -> None:
+    """Write reports/<study>/index.html at the end of `search`; a failure only warns."""
+    if args.no_report:
+        return
+    try:
+        from .report import build_report
+
+        path = build_report(study, storage=args.storage, studies_dir=studies_dir, reports_dir=args.reports_dir)
+    except Exception as exc:  # the search's own outputs are written; the report is a bonus
+        log.warning("report not written (%s: %s); run 'lms-tuner report --study %s'",
+                    type(exc).__name__, exc, study)
+        return
+    print(f"report: {path}")
+
+
+def cmd_validate_config(args: argparse.Namespace) -> int:
+    from lms.config import LMSConfig
+
+    path: Path = args.path
+    if not path.is_file():
+        raise BadInput(f"config file {path} does not exist" if not path.exists() else f"{path} is not a file")
+    try:
+        config = LMSConfig.load(path)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadInput(f"invalid LMS config: {exc}") from None
+    except OSError as exc:
+        raise BadInput(f"cannot read {path}: {exc.strerror}") from None
+    if args.json:
+        print(json.dumps(config.to_dict(), indent=2))
+    else:
+        print(f"{path}: valid LMS config: " + ", ".join(f"{k}={v!r}" for k, v in config.to_dict().items()))
     return EXIT_OK
 
 

@@ -54,6 +54,7 @@ import socket
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -461,25 +462,55 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _stale_by_heartbeat(study: Any) -> set[int]:
+    """Trial ids whose heartbeat (database storages, `tuner.storage.HEARTBEAT_INTERVAL_S`) is older than the grace period."""
+    from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
+
+    storage = study._storage
+    if not isinstance(storage, BaseHeartbeat) or not is_heartbeat_enabled(storage):
+        return set()
+    try:
+        return set(storage._get_stale_trial_ids(study._study_id))
+    except Exception as exc:  # recovery is best effort; the next check tries again
+        log.debug("heartbeat check failed: %s", exc)
+        return set()
+
+
 def recover_stale_trials(study: Any) -> int:
-    """Fail RUNNING trials whose process on this host is gone, and queue their params again."""
+    """Fail RUNNING trials whose search process is gone, and queue their params again.
+
+    A trial is stale when its owner ran on this host and that process is gone,
+    or (database storages, any host) its heartbeat is older than the grace
+    period. Several processes may check at once: only the one whose FAIL is
+    stored re-queues the params, so a trial is retried once.
+    """
     import optuna
     from optuna.trial import TrialState
 
     recovered = 0
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    if not running:
+        return 0
+    stale_ids = _stale_by_heartbeat(study)
+    for t in running:
         owner = t.user_attrs.get("owner") or {}
-        if owner.get("host") != socket.gethostname() or _pid_alive(int(owner.get("pid", -1))):
+        local_dead = owner.get("host") == socket.gethostname() and not _pid_alive(int(owner.get("pid", -1)))
+        if not (local_dead or t._trial_id in stale_ids):
             continue
-        trial = optuna.trial.Trial(study, t._trial_id)
-        trial.set_user_attr("status", "interrupted")
-        trial.set_user_attr("reason", "the search process ended during this trial; it was queued again")
-        study.tell(t.number, state=TrialState.FAIL)
+        why = ("its search process ended" if local_dead else "its search process stopped sending heartbeats")
+        try:
+            trial = optuna.trial.Trial(study, t._trial_id)
+            trial.set_user_attr("status", "interrupted")
+            trial.set_user_attr("reason", f"{why} during this trial; it was queued again")
+            if not study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                continue
+        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError):
+            continue  # another process recovered (or finished) it first
         if t.params:
             study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
         recovered += 1
     if recovered:
-        log.info("%d trial(s) interrupted by an earlier run were queued again", recovered)
+        log.info("%d trial(s) left running by a process that is gone were queued again", recovered)
     return recovered
 
 
@@ -487,13 +518,14 @@ def _counted(t: Any) -> bool:
     """Trials that count toward --trials: configs evaluated (finished, not interrupted, not a repeat).
 
     A repeat of an evaluated config (`duplicate_of`) is answered from the study
-    at no cost and does not count; an interrupted trial is queued again.
+    at no cost and does not count; an interrupted trial is queued again; a
+    config drawn while another worker runs it is ``skipped`` (not counted).
     """
     from optuna.trial import TrialState
 
     if t.state == TrialState.COMPLETE:
         return "duplicate_of" not in t.user_attrs
-    return t.state == TrialState.FAIL and t.user_attrs.get("status") not in ("interrupted", None)
+    return t.state == TrialState.FAIL and t.user_attrs.get("status") not in ("interrupted", "skipped", None)
 
 
 def _known_records(study: Any) -> dict[str, tuple[int, dict[str, Any], list[float]]]:
@@ -564,6 +596,8 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[LMSConfig, Any]
     try:
         while True:
             # Other processes may share the study (journal / database storage): count what is there now.
+            if recover_stale_trials(study):  # a worker process on this host (or, by heartbeat, anywhere) died
+                known.update({k: v for k, v in _known_records(study).items() if k not in known})
             trials = study.get_trials(deepcopy=False)
             done = sum(1 for t in trials if _counted(t))
             running = sum(1 for t in trials if t.state == TrialState.RUNNING)  # other threads / processes
@@ -582,12 +616,19 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[LMSConfig, Any]
                                 "to continue", ran, done, n_trials)
                     break
             t0 = time.monotonic()
-            with _ASK_LOCK:  # threads of one process must not pop the same queued trial
+            with _ASK_LOCK, warnings.catch_warnings():  # threads of one process must not pop the same queued trial
+                warnings.filterwarnings("ignore", message="Heartbeat of storage")  # ours runs in _heartbeat
                 trial = study.ask()
                 trial.set_user_attr("owner", _owner())
             config = space.suggest(trial)
             key = canonical_key(config)
+            heartbeat = _heartbeat(study, trial)
             try:
+                earlier = None
+                if key not in known:  # another worker may be running it, or have finished it since the loop began
+                    earlier = _running_same_config(study, space, trial, key)  # RUNNING first, then COMPLETE:
+                    if earlier is None:  # a trial finishing in between is seen by one of the two reads
+                        known.update({k: v for k, v in _known_records(study).items() if k not in known})
                 if key in known:
                     number, attrs, values = known[key]
                     for name, value in attrs.items():
@@ -601,7 +642,18 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[LMSConfig, Any]
                     if explore_on_repeat:
                         _queue_unexplored(study, space, known, rng)
                     continue
+                if earlier is not None:
+                    # another thread or process is evaluating this config now: the earlier trial keeps it
+                    trial.set_user_attr("status", "skipped")
+                    trial.set_user_attr("reason", f"same config as trial {earlier}, running in another worker")
+                    trial.set_user_attr("concurrent_duplicate_of", earlier)
+                    study.tell(trial, state=TrialState.FAIL)
+                    repeats += 1
+                    if explore_on_repeat:
+                        _queue_unexplored(study, space, known, rng)
+                    continue
                 else:
+                    trial.set_user_attr("evaluating", True)
                     record = evaluate(config, trial)
                     for name, value in record.user_attrs().items():
                         trial.set_user_attr(name, value)
@@ -631,6 +683,8 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[LMSConfig, Any]
                 trial.set_user_attr("reason", f"{type(exc).__name__}: {exc}")
                 study.tell(trial, state=TrialState.FAIL)
                 raise
+            finally:
+                heartbeat.join()
             durations.append(time.monotonic() - t0)
             ran += 1
             progress.advance(postfix=_best_postfix(study))
@@ -638,6 +692,41 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[LMSConfig, Any]
         if own_progress:
             progress.close()
     return ran
+
+
+def _running_same_config(study: Any, space: SearchSpace, trial: Any, key: str) -> int | None:
+    """The number of an earlier RUNNING trial drawing the same config (another worker), else None.
+
+    Each worker writes its params before it checks and marks its trial
+    ``evaluating`` right after; a trial marked so, or with a lower number,
+    keeps the config. Of two workers that draw one config at once one
+    evaluates it, except in the few milliseconds between another worker's
+    check and its mark (then both run it: the second result is kept as a repeat).
+    """
+    from optuna.trial import TrialState
+
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        p = t.params
+        complete = "swap_branches" in p and (not p["swap_branches"] or "branch_threshold" in p)
+        if t.number == trial.number or not complete:
+            continue
+        if t.number > trial.number and not t.user_attrs.get("evaluating"):
+            continue
+        try:
+            if canonical_key(space.config_of(t.params)) == key:
+                return t.number
+        except (ValueError, KeyError):
+            continue
+    return None
+
+
+def _heartbeat(study: Any, trial: Any) -> Any:
+    """Start Optuna's heartbeat thread for `trial` when the storage has heartbeats (a no-op thread otherwise)."""
+    from optuna.storages._heartbeat import get_heartbeat_thread
+
+    thread = get_heartbeat_thread(trial._trial_id, study._storage)
+    thread.start()
+    return thread
 
 
 def _queue_unexplored(study: Any, space: SearchSpace, known: Mapping[str, Any], rng: random.Random) -> None:
@@ -979,6 +1068,7 @@ def _evaluate_measured(settings: SearchSettings, config: LMSConfig, trial: Any, 
         "safety_margin": 0.0, "start_batch": max(1, start), "cap": settings.max_batch,
         "slope_bytes_per_sample": pred.slope_bytes_per_sample, "warmup": settings.warmup, "steps": settings.steps,
         "seed": settings.seed or 0, "resolution": 0.05, "max_probes": 6, "probe_warmup": 2, "probe_steps": 2,
+        "trial": trial.number,
     }
 
     def on_event(event: dict[str, Any]) -> None:

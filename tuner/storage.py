@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
+import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,7 @@ from urllib.parse import quote, unquote
 
 __all__ = [
     "StorageSpec", "StorageError", "StudyNameError", "validate_study_name", "resolve_storage",
-    "mask_url", "mask_secrets", "open_storage", "check_reachable", "study_names", "DEFAULT_STUDIES_DIR",
+    "mask_url", "mask_secrets", "engine_url", "open_storage", "check_reachable", "study_names", "DEFAULT_STUDIES_DIR",
 ]
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,11 @@ _RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle"
 _DRIVERS = {"postgresql": ("psycopg2", "psycopg"), "postgres": ("psycopg2", "psycopg"),
             "mysql": ("pymysql", "MySQLdb"), "mariadb": ("pymysql", "MySQLdb")}
 _CONNECT_TIMEOUT_S = 5
+# Database servers (several machines): a running trial's process records a heartbeat this often;
+# a trial whose heartbeat is older than the grace period is failed and queued again by any worker.
+HEARTBEAT_INTERVAL_S = 10
+HEARTBEAT_GRACE_S = 60
+_CREATE_ATTEMPTS = 5
 
 
 class StorageError(ValueError):
@@ -171,12 +179,12 @@ def check_reachable(spec: StorageSpec, *, create: bool) -> None:
         folder = spec.path.parent
         if spec.default:
             probe = next((p for p in (folder, *folder.parents) if p.exists()), None)
-            if probe is None or not probe.is_dir() or (create and not os.access(probe, os.W_OK)):
+            if probe is None or not probe.is_dir() or (create and not _writable(probe)):
                 raise StorageError(f"cannot create the study folder {folder}: {probe} is not a writable folder")
             return
         if not folder.is_dir():
             raise StorageError(f"storage {spec.display!r} is unreachable: folder {folder} does not exist")
-        if create and not os.access(folder, os.W_OK):
+        if create and not _writable(folder):
             raise StorageError(f"storage {spec.display!r} is unreachable: folder {folder} is not writable")
         if spec.path.exists() and not spec.path.is_file():
             raise StorageError(f"storage {spec.display!r}: {spec.path} is not a file")
@@ -190,13 +198,42 @@ def check_reachable(spec: StorageSpec, *, create: bool) -> None:
     try:
         import sqlalchemy
 
-        engine = sqlalchemy.create_engine(spec.url, connect_args=_connect_args(scheme), poolclass=sqlalchemy.pool.NullPool)
+        engine = sqlalchemy.create_engine(engine_url(spec.url), connect_args=_connect_args(scheme), poolclass=sqlalchemy.pool.NullPool)
         with engine.connect():
             pass
         engine.dispose()
     except Exception as exc:  # any driver error means: cannot use it
         reason = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
         raise StorageError(mask_secrets(f"storage {spec.display!r} is unreachable: {reason}", spec.url)) from None
+
+
+def _writable(folder: Path) -> bool:
+    """Whether a file can be created in `folder` (tried, then removed: os.access says yes to root everywhere)."""
+    import tempfile
+
+    if not os.access(folder, os.W_OK):
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=folder, prefix=".lms-tuner-probe-"):
+            return True
+    except OSError:
+        return False
+
+
+def engine_url(url: str) -> str:
+    """`url` with an installed driver named when it names none (``postgresql://`` -> ``postgresql+psycopg2://``).
+
+    SQLAlchemy's default PostgreSQL driver differs between versions (psycopg2,
+    or psycopg 3 from 2.1); use whichever is installed.
+    """
+    m = re.match(r"^([A-Za-z][A-Za-z0-9.-]*)://", url)
+    if not m or m.group(1).lower() not in _DRIVERS:
+        return url
+    scheme = m.group(1).lower()
+    installed = [d for d in _DRIVERS[scheme] if _has_module(d)]
+    if not installed:
+        return url
+    return f"{m.group(1)}+{installed[0].lower()}://" + url[m.end():]
 
 
 def _connect_args(scheme: str) -> dict[str, Any]:
@@ -233,10 +270,23 @@ def open_storage(spec: StorageSpec) -> Any:
         scheme = spec.url.split(":", 1)[0].split("+", 1)[0].lower()
         engine_kwargs["connect_args"] = _connect_args(scheme)
         engine_kwargs["pool_pre_ping"] = True
-    try:
-        storage = optuna.storages.RDBStorage(spec.url, engine_kwargs=engine_kwargs)
-    except Exception as exc:
-        raise StorageError(mask_secrets(f"cannot open storage {spec.display!r}: {exc}", spec.url)) from None
+    heartbeat: dict[str, Any] = {}
+    if spec.kind == "rdb":
+        heartbeat = {"heartbeat_interval": HEARTBEAT_INTERVAL_S, "grace_period": HEARTBEAT_GRACE_S}
+    for attempt in range(_CREATE_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                storage = optuna.storages.RDBStorage(engine_url(spec.url), engine_kwargs=engine_kwargs, **heartbeat)
+            break
+        except Exception as exc:
+            # Several processes starting at once on an empty database race to create Optuna's tables:
+            # the losers see "already exists" / a duplicate key; the tables are there on the next try.
+            racing = any(w in str(exc).lower() for w in ("already exists", "duplicate"))
+            if racing and attempt + 1 < _CREATE_ATTEMPTS:
+                time.sleep(0.2 + random.random() * 0.5)
+                continue
+            raise StorageError(mask_secrets(f"cannot open storage {spec.display!r}: {exc}", spec.url)) from None
     if spec.kind == "sqlite":
         _fast_sqlite(storage)
     return storage

@@ -45,13 +45,40 @@ from typing import Any, Callable
 
 from lms.config import atomic_write_text
 
-__all__ = ["WorkerOutcome", "run_worker", "worker_env", "main"]
+__all__ = ["WorkerOutcome", "run_worker", "worker_env", "main", "FAULT_ENV", "injected_fault"]
 
 log = logging.getLogger(__name__)
 
 BAD_INPUT_EXIT = 2
 _POLL_S = 0.25
 _TERM_GRACE_S = 5.0
+
+# ------------------------------------------------------------ test-only fault injection
+#: TEST-ONLY hook. ``LMS_TUNER_FAULT="kill@3,oom@4,hang@5,raise@6,die@7,ok@*"``: in the worker of
+#: measured trial N, ``kill`` SIGKILLs itself, ``oom`` reports a (simulated) out-of-memory result,
+#: ``hang`` sleeps until the parent's --trial-timeout, ``raise`` makes the model code raise,
+#: ``ok`` returns a synthetic fitting result at once without TensorFlow (so a fault study takes
+#: seconds), ``die`` SIGKILLs the *search process* (parent) while the worker runs. ``*`` matches
+#: every trial without its own entry. Never set it outside tests.
+FAULT_ENV = "LMS_TUNER_FAULT"
+FAULT_KINDS = ("kill", "oom", "hang", "raise", "ok", "die")
+
+
+def injected_fault(trial: int | None, spec: str | None = None) -> str | None:
+    """The fault kind `LMS_TUNER_FAULT` injects into measured trial number `trial` (None: none)."""
+    spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
+    if not spec or trial is None:
+        return None
+    wildcard = None
+    for item in spec.split(","):
+        kind, _, target = item.strip().partition("@")
+        if kind not in FAULT_KINDS:
+            continue
+        if target == "*":
+            wildcard = kind
+        elif target.isdigit() and int(target) == trial:
+            return kind
+    return wildcard
 
 
 # ============================================================ parent side (no TensorFlow)
@@ -137,6 +164,8 @@ def run_worker(request: dict[str, Any], *, workdir: Path, timeout_s: float | Non
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
+        if request.get("mode") == "measure" and injected_fault(request.get("trial")) == "die":
+            os.kill(os.getpid(), signal.SIGKILL)  # test-only: the whole search process dies mid-trial
         try:
             while True:
                 try:
@@ -391,6 +420,26 @@ def _measure(request: dict[str, Any], events: _Events) -> dict[str, Any]:
     return out
 
 
+def _fake_fault(fault: str, request: dict[str, Any], events: _Events) -> dict[str, Any]:
+    """Test-only (`FAULT_ENV`): act out `fault` instead of measuring; no TensorFlow."""
+    events.emit("fault", kind=fault)
+    if fault == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "hang":
+        time.sleep(3600)
+    if fault == "raise":
+        raise RuntimeError("injected fault: the model code raised")
+    if fault == "oom":
+        return {"status": "oom", "batch_size": 0, "throughput": 0.0, "peak_device_bytes": None,
+                "reason": "batch 1 does not fit: out of memory (injected fault)"}
+    batch = max(1, int(request.get("start_batch", 1)))  # "ok" and "die": a synthetic result that fits
+    usable = int(request["budget_bytes"])
+    return {"status": "ok", "reason": "", "batch_size": batch, "throughput": 100.0 + batch,
+            "step_time_median_s": batch / (100.0 + batch), "step_time_spread_s": 0.0,
+            "peak_device_bytes": usable // 2, "peak_source": "tf-bfc-cpu", "fits_budget": True,
+            "injected_fault": fault}
+
+
 def _device_name(tf: Any, backend: str, timings: dict[int, Any]) -> str:
     measured = next((m.device_name for m in timings.values() if getattr(m, "device_name", "")), "")
     if backend == "gpu":
@@ -429,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
         elif mode == "trace":
             result = _trace(request, events)
         elif mode == "measure":
-            result = _measure(request, events)
+            fault = injected_fault(request.get("trial"))
+            result = _fake_fault(fault, request, events) if fault else _measure(request, events)
         else:
             result = {"status": "error", "reason": f"unknown worker mode {mode!r}"}
     except _BadInput as exc:

@@ -48,3 +48,118 @@ def seed_graph(tiny_graph_doc: dict):
         path.write_text(json.dumps(tiny_graph_doc))
         return path
     return seed
+
+
+# ---------------------------------------------------------------- fault-suite figures
+
+#: Figures of the fault-injection tests (tests/tuner/test_faults.py), printed in the terminal summary.
+FAULT_FIGURES: list[dict] = []
+
+
+def report_fault_figures(name: str, figures: dict) -> None:
+    """Record one fault test's figures; printed at once on the real stderr and again in the summary."""
+    FAULT_FIGURES.append({"test": name, **figures})
+    print(f"\n[fault figures] {name}: {format_figures(figures)}", file=sys.__stderr__, flush=True)
+
+
+def format_figures(f: dict) -> str:
+    kinds = ", ".join(f"{k}={v}" for k, v in sorted(f.get("faults", {}).items())) or "none"
+    return (f"trials attempted {f['attempted']}, faults injected ({kinds}), trials recorded {f['recorded']}, "
+            f"trials lost {f['lost']}, duplicates {f['duplicates']}")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
+    if not FAULT_FIGURES:
+        return
+    terminalreporter.section("tuner fault-injection figures")
+    total: dict = {"attempted": 0, "recorded": 0, "lost": 0, "duplicates": 0, "faults": {}}
+    for f in FAULT_FIGURES:
+        terminalreporter.write_line(f"{f['test']}: {format_figures(f)}")
+        for key in ("attempted", "recorded", "lost", "duplicates"):
+            total[key] += f[key]
+        for kind, n in f.get("faults", {}).items():
+            total["faults"][kind] = total["faults"].get(kind, 0) + n
+    terminalreporter.write_line(f"TOTAL: {format_figures(total)}")
+
+
+# ---------------------------------------------------------------- a throwaway PostgreSQL server
+
+PG_PASSWORD = "Pg-S3cret-9f2c"  # the tests grep every output for it
+
+
+def _pg_bin() -> Path | None:
+    import glob
+    import shutil
+
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if found:
+        return Path(found[-1]).parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory: pytest.TempPathFactory):
+    """``postgresql://tuner:PASSWORD@127.0.0.1:PORT/optuna`` on a cluster started for this session.
+
+    initdb/pg_ctl from Debian's postgresql package, run as the ``postgres`` user
+    when the tests run as root; loopback only; stopped at the end. Skipped
+    (with the reason) only when the binaries are absent and ``CI`` is not set.
+    """
+    import shutil
+    import tempfile
+
+    bindir = _pg_bin()
+    if bindir is None or importlib_find("psycopg2") is None:
+        missing = "PostgreSQL binaries (initdb, pg_ctl)" if bindir is None else "psycopg2"
+        if os.environ.get("CI"):
+            pytest.fail(f"{missing} not found; CI must run the PostgreSQL tests (apt-get install -y postgresql; "
+                        "pip install psycopg2-binary)")
+        pytest.skip(f"{missing} not installed (apt-get install -y postgresql; pip install psycopg2-binary)")
+    root = Path(tempfile.mkdtemp(prefix="lms-pg-"))
+    data = root / "data"
+    run_as: list[str] = []
+    if os.geteuid() == 0:
+        runuser = shutil.which("runuser")
+        assert runuser, "running as root needs runuser to start PostgreSQL as the postgres user"
+        run_as = [runuser, "-u", "postgres", "--"]
+        shutil.chown(root, "postgres")
+    os.chmod(root, 0o700)
+    pwfile = root / "pw"
+    pwfile.write_text("admin-pw\n")
+    if run_as:
+        shutil.chown(pwfile, "postgres")
+    port = _free_port()
+    subprocess.run([*run_as, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=scram-sha-256",
+                    f"--pwfile={pwfile}", "-E", "UTF8", "--no-sync"], check=True, capture_output=True, timeout=120)
+    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100"
+    subprocess.run([*run_as, str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-o", opts, "-w",
+                    "-t", "60", "start"], check=True, capture_output=True, timeout=90)
+    try:
+        import psycopg2
+
+        con = psycopg2.connect(host="127.0.0.1", port=port, user="postgres", password="admin-pw", dbname="postgres")
+        con.autocommit = True
+        with con.cursor() as cur:
+            cur.execute(f"CREATE ROLE tuner LOGIN PASSWORD '{PG_PASSWORD}'")
+            cur.execute("CREATE DATABASE optuna OWNER tuner")
+        con.close()
+        yield f"postgresql://tuner:{PG_PASSWORD}@127.0.0.1:{port}/optuna"
+    finally:
+        subprocess.run([*run_as, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+                       capture_output=True, timeout=60)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def importlib_find(name: str):
+    import importlib.util
+
+    return importlib.util.find_spec(name)

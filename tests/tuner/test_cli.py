@@ -127,6 +127,10 @@ def test_simulate_search_best_list(tmp_path: Path, seed_graph) -> None:
         line = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith(key))
         assert "predicted (simulator" in line, line
     assert "12 trials" in proc.stdout
+    # the HTML report is written at the end of the search
+    report = tmp_path / "reports" / "sim" / "index.html"
+    assert f"report: {report}" in proc.stdout.replace("report: reports/", f"report: {tmp_path}/reports/")
+    assert report.is_file() and "<html" in report.read_text()[:200].lower()
     import pandas as pd
     frame = pd.read_csv(tmp_path / "studies" / "sim" / "trials.csv")
     evaluated = frame[frame["duplicate_of"].isna()]  # repeats of an evaluated config are free and not counted

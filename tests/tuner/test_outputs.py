@@ -136,3 +136,24 @@ def test_read_recommendation_rejects_other_files(tmp_path: Path) -> None:
     LMSConfig().save(path)
     with pytest.raises(ValueError, match="not a tuner recommendation"):
         read_recommendation(path)
+
+
+def test_outputs_are_atomic_a_failed_write_keeps_the_old_files(tmp_path: Path, monkeypatch) -> None:
+    """A write that fails (disk full, a kill) before the rename leaves the previous files whole, no temp file."""
+    import os
+
+    settings = _settings(tmp_path)
+    kwargs = dict(screen=None, settings=settings, budget_bytes=100 * MiB, budget_source="--budget",
+                  usable_bytes=95 * MiB, environment={})
+    write_outputs(tmp_path, main=_study(POINTS), **kwargs)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert set(before) == {"recommended.json", "trials.csv"}
+
+    def fail(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="No space left"):
+        write_outputs(tmp_path, main=_study(POINTS[:2]), **kwargs)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # old files, no .tmp left
+    assert "hunter2" not in "".join(b.decode() for b in before.values())  # storage URL stored masked

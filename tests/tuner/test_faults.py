@@ -1,0 +1,275 @@
+"""Fault injection: trials killed, out of memory, timed out, raising; the search process killed; Ctrl-C.
+
+Faults are injected with the test-only hook ``LMS_TUNER_FAULT`` read by
+`tuner.trial` (see `tuner.trial.FAULT_ENV`): ``kind@N`` acts out `kind` in the
+worker of measured trial N, ``kind@*`` in every other one; ``ok`` returns a
+synthetic result without TensorFlow, so each study takes seconds. Every test
+reports its figures (trials attempted, faults by kind, recorded, lost,
+duplicates) in the terminal summary and asserts lost == 0 and duplicates == 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+
+from lms import LMSConfig
+from tuner.search import canonical_key
+from tuner.trial import injected_fault
+
+from .conftest import ROOT, TINY_MODEL, report_fault_figures
+
+STUDY = "faults"
+EXPECTED_STATUS = {"kill": "killed", "oom": "oom", "hang": "timeout", "raise": "error", "die": "interrupted"}
+
+
+def _cmd(*extra: str, trials: int = 8) -> list[str]:
+    return [sys.executable, "-m", "tuner", "search", "--model", TINY_MODEL, "--backend", "emulated",
+            "--budget", "1GiB", "--study", STUDY, "--seed", "0", "--trials", str(trials), "--screen-trials", "6",
+            "--timeout", "0", "-q", *extra]
+
+
+def _env(fault: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), LMS_TUNER_FAULT=fault)
+    return env
+
+
+def _study(tmp_path: Path) -> optuna.Study:
+    db = tmp_path / "studies" / STUDY / "study.db"
+    return optuna.load_study(study_name=STUDY, storage=f"sqlite:///{db}")
+
+
+def _injected(tmp_path: Path) -> dict[int, str]:
+    """Trial number -> fault kind acted out by its worker (from the workers' event files)."""
+    out = {}
+    for events in sorted((tmp_path / "studies" / STUDY / "trials").glob("*/events.jsonl")):
+        for line in events.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("event") == "fault" and event.get("kind") != "ok":
+                out[int(events.parent.name)] = event["kind"]
+    return out
+
+
+def figures(study: optuna.Study, injected: dict[int, str]) -> dict:
+    """attempted / recorded / lost / duplicates of a study (see the module docstring)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    started = [t for t in trials if t.state != TrialState.WAITING]
+    recorded = [t for t in started if t.state in (TrialState.COMPLETE, TrialState.FAIL) and t.user_attrs.get("status")]
+    retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+    # lost: started but never finished with a status, or interrupted and never queued again
+    lost = [t for t in started if t not in recorded]
+    lost += [t for t in recorded if t.user_attrs["status"] == "interrupted" and t.params and t.number not in retried]
+    evaluated = [canonical_key(LMSConfig.from_dict(t.user_attrs["config"])) for t in recorded
+                 if "config" in t.user_attrs and "duplicate_of" not in t.user_attrs
+                 and t.user_attrs["status"] not in ("interrupted", "skipped")]
+    duplicates = sum(n - 1 for n in Counter(evaluated).values())
+    return {"attempted": len(started), "faults": dict(Counter(injected.values())), "recorded": len(recorded),
+            "lost": len(lost), "duplicates": duplicates}
+
+
+def _check_outputs(tmp_path: Path) -> dict:
+    folder = tmp_path / "studies" / STUDY
+    doc = json.loads((folder / "recommended.json").read_text())
+    assert doc["schema"] == "tuner.recommendation" and doc["measured"] is True
+    assert LMSConfig.load(folder / "recommended.json") == LMSConfig.from_dict(doc["config"])
+    import pandas as pd
+
+    frame = pd.read_csv(folder / "trials.csv")
+    assert len(frame) > 0 and "status" in frame.columns
+    assert not list(folder.glob(".*.tmp"))  # no half-written temp file left
+    return doc
+
+
+def test_fault_hook_parsing() -> None:
+    spec = "kill@3,oom@4, hang@5,raise@6,bogus@7,ok@*"
+    assert [injected_fault(n, spec) for n in (3, 4, 5, 6, 7, 8)] == ["kill", "oom", "hang", "raise", "ok", "ok"]
+    assert injected_fault(3, "") is None and injected_fault(None, "kill@*") is None
+    assert injected_fault(2, "kill@3") is None
+
+
+def test_each_fault_is_recorded_and_the_study_continues(tmp_path: Path, seed_graph) -> None:
+    seed_graph(tmp_path / "studies", STUDY)
+    start = time.monotonic()
+    proc = subprocess.run(_cmd("--trial-timeout", "3"), cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=_env("kill@2,oom@3,hang@4,raise@5,ok@*"))
+    assert proc.returncode == 0, proc.stderr
+    study = _study(tmp_path)
+    injected = _injected(tmp_path)
+    assert sorted(injected.values()) == ["hang", "kill", "oom", "raise"], injected
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    for number, kind in injected.items():
+        attrs = by_number[number].user_attrs
+        assert attrs["status"] == EXPECTED_STATUS[kind], (number, kind, attrs.get("reason"))
+        assert attrs["reason"], (number, kind)
+    assert "SIGKILL" in by_number[next(n for n, k in injected.items() if k == "kill")].user_attrs["reason"]
+    assert "timed out after 3 s" in by_number[next(n for n, k in injected.items() if k == "hang")].user_attrs["reason"]
+    assert "model code raised" in by_number[next(n for n, k in injected.items() if k == "raise")].user_attrs["reason"]
+    # the study went on to its 8 evaluated configs after the faults
+    from tuner.search import _counted
+
+    assert sum(1 for t in study.get_trials(deepcopy=False) if _counted(t)) == 8
+    _check_outputs(tmp_path)
+    f = figures(study, injected)
+    report_fault_figures("each fault kind", f)
+    assert f["lost"] == 0 and f["duplicates"] == 0
+    assert time.monotonic() - start < 60
+
+
+def test_search_process_killed_mid_trial_is_recovered(tmp_path: Path, seed_graph) -> None:
+    """The whole search process dies (SIGKILL) while a worker runs; the next run fails that trial and redoes it."""
+    seed_graph(tmp_path / "studies", STUDY)
+    first = subprocess.run(_cmd(trials=6), cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                           env=_env("ok@0,ok@1,ok@2,die@*"))
+    assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr)
+    study = _study(tmp_path)
+    running = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.RUNNING]
+    assert len(running) == 1
+    dead = running[0]
+    result = tmp_path / "studies" / STUDY / "trials" / f"{dead.number:04d}" / "result.json"
+    deadline = time.monotonic() + 30  # the orphaned worker finishes on its own
+    while not result.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    injected = _injected(tmp_path)
+    assert injected == {dead.number: "die"}
+    second = subprocess.run(_cmd(trials=6), cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env=_env("ok@*"))
+    assert second.returncode == 0, second.stderr
+    study = _study(tmp_path)
+    trials = study.get_trials(deepcopy=False)
+    old = trials[dead.number]
+    assert old.state == optuna.trial.TrialState.FAIL and old.user_attrs["status"] == "interrupted"
+    assert "search process ended" in old.user_attrs["reason"]
+    retry = [t for t in trials if t.user_attrs.get("retry_of") == dead.number]
+    assert len(retry) == 1 and retry[0].params == old.params and retry[0].user_attrs["status"] == "ok"
+    _check_outputs(tmp_path)
+    f = figures(study, injected)
+    report_fault_figures("search process killed (host-local recovery)", f)
+    assert f["lost"] == 0 and f["duplicates"] == 0
+
+
+def test_worker_death_recovered_by_heartbeat(tmp_path: Path) -> None:
+    """A trial whose process (on another machine) stopped its heartbeat is failed and queued again, once."""
+    import warnings
+
+    from tuner.search import SearchSpace, recover_stale_trials
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'hb.db'}", heartbeat_interval=1,
+                                             grace_period=1)
+        study = optuna.create_study(study_name="hb", storage=storage, directions=["maximize", "maximize"])
+        trial = study.ask()
+    SearchSpace(n_candidates=8).suggest(trial)
+    trial.set_user_attr("owner", {"host": "another-machine", "pid": 1})
+    storage.record_heartbeat(trial._trial_id)
+    assert recover_stale_trials(study) == 0  # heartbeat fresh
+    time.sleep(2.2)
+    other = optuna.load_study(study_name="hb", storage=storage)  # a second worker checks too
+    assert recover_stale_trials(study) + recover_stale_trials(other) == 1
+    trials = study.get_trials(deepcopy=False)
+    assert trials[0].state == optuna.trial.TrialState.FAIL
+    assert trials[0].user_attrs["status"] == "interrupted" and "heartbeats" in trials[0].user_attrs["reason"]
+    waiting = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
+    assert len(waiting) == 1 and waiting[0].user_attrs["retry_of"] == 0
+    f = figures(study, {0: "worker_death"})
+    report_fault_figures("worker death (heartbeat recovery)", f)
+    assert f["lost"] == 0 and f["duplicates"] == 0
+
+
+def _wait_for_fault(tmp_path: Path, kind: str, proc: subprocess.Popen, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        hit = [n for n, k in _injected(tmp_path).items() if k == kind]
+        if hit:
+            return hit[0]
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    raise AssertionError(f"no worker acted out {kind!r} within {timeout} s")
+
+
+def _worker_alive(request: Path) -> bool:
+    """Is a worker process still running on `request` (its own request.json: found by exact argument)?"""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(request).encode() in args:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_stops_the_trial_keeps_outputs_and_resumes(sig: int, tmp_path: Path, seed_graph) -> None:
+    seed_graph(tmp_path / "studies", STUDY)
+    proc = subprocess.Popen(_cmd(trials=6), cwd=tmp_path, env=_env("ok@0,ok@1,ok@2,hang@*"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    number = _wait_for_fault(tmp_path, "hang", proc)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - t0 < 15  # the worker was stopped, not waited for
+    assert proc.returncode == 1, (proc.returncode, err)
+    assert "interrupted" in err and "Traceback" not in err
+    request = tmp_path / "studies" / STUDY / "trials" / f"{number:04d}" / "request.json"
+    assert not _worker_alive(request)
+    study = _study(tmp_path)
+    stopped = study.get_trials(deepcopy=False)[number]
+    assert stopped.state == optuna.trial.TrialState.FAIL and stopped.user_attrs["status"] == "interrupted"
+    assert stopped.user_attrs["reason"]
+    first_doc = _check_outputs(tmp_path)  # outputs written so far are valid
+    done = {t.number: t.datetime_start for t in study.get_trials(deepcopy=False)
+            if t.state == optuna.trial.TrialState.COMPLETE}
+    assert len(done) >= 3
+
+    rerun = subprocess.run(_cmd(trials=6), cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                           env=_env("ok@*"))
+    assert rerun.returncode == 0, rerun.stderr
+    study = _study(tmp_path)
+    trials = study.get_trials(deepcopy=False)
+    assert {t.number: t.datetime_start for t in trials if t.number in done} == done  # none redone
+    retry = [t for t in trials if t.user_attrs.get("retry_of") == number]
+    assert len(retry) == 1 and retry[0].params == stopped.params and retry[0].user_attrs["status"] == "ok"
+    from tuner.search import _counted
+
+    assert sum(1 for t in trials if _counted(t)) == 6
+    assert _check_outputs(tmp_path)["schema_version"] == first_doc["schema_version"]
+    f = figures(study, _injected(tmp_path))
+    report_fault_figures(f"{signal.Signals(sig).name} during search", f)
+    assert f["lost"] == 0 and f["duplicates"] == 0
+
+
+def test_parallel_workers_with_faults(tmp_path: Path, seed_graph) -> None:
+    """``--workers 3``: three trial workers at once on one study, one of them killed; nothing lost or redone."""
+    seed_graph(tmp_path / "studies", STUDY)
+    proc = subprocess.run(_cmd("--workers", "3", "--trial-timeout", "3", trials=9), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env=_env("kill@4,oom@6,ok@*"))
+    assert proc.returncode == 0, proc.stderr
+    study = _study(tmp_path)
+    trials = study.get_trials(deepcopy=False)
+    owners = {t.user_attrs["owner"]["pid"] for t in trials if "owner" in t.user_attrs}
+    assert len(owners) == 1  # threads of one process
+    from tuner.search import _counted
+
+    assert 9 <= sum(1 for t in trials if _counted(t)) <= 9 + 2
+    injected = _injected(tmp_path)
+    for number, kind in injected.items():
+        assert trials[number].user_attrs["status"] == EXPECTED_STATUS[kind]
+    _check_outputs(tmp_path)
+    f = figures(study, injected)
+    report_fault_figures("--workers 3 with faults", f)
+    assert f["lost"] == 0 and f["duplicates"] == 0
