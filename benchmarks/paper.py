@@ -44,7 +44,7 @@ from lms.config import atomic_write_text  # noqa: E402
 from lms.devices import DeviceProfile, GiB, get_device  # noqa: E402
 from lms.graph import Graph  # noqa: E402
 from lms.plan import SwapPlan  # noqa: E402
-from lms.simulator import InfeasibleBudget, max_batch, simulate  # noqa: E402
+from lms.simulator import InfeasibleBudget, bfc_adjusted_batch, max_batch, simulate  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 CACHE = RESULTS / "cache"
@@ -274,38 +274,6 @@ def _outcome(graph: Graph, plan: SwapPlan | None, budget: int, device: Any, conf
     return ConfigOutcome(dict(config), m.batch, m.peak_bytes, m.throughput, m.step_time_s, m.n_swapped, m.peak_op)
 
 
-def bfc_adjusted(graph: Graph, plan: SwapPlan | None, batch: int, budget: int, device: Any) -> dict[str, Any]:
-    """The largest batch <= `batch` whose BFC-replayed peak (bytes in use, fragmentation included) fits."""
-    def peak(b: int) -> int:
-        return simulate(graph, plan, batch=b, device=device, timeline=False, allocator="bfc").peak_device_bytes
-
-    if batch < 1:
-        return {"batch": 0, "bfc_peak_bytes": None, "replays": 0}
-    replays = 1
-    top = peak(batch)
-    if top <= budget:
-        return {"batch": batch, "bfc_peak_bytes": top, "replays": replays}
-    lo, hi = batch, batch
-    while lo > 1:  # step down until a batch fits
-        lo = max(1, int(lo * 0.9)) if lo > 10 else lo - 1
-        replays += 1
-        if peak(lo) <= budget:
-            break
-        hi = lo
-    else:
-        replays += 1
-        if peak(1) > budget:
-            return {"batch": 0, "bfc_peak_bytes": None, "replays": replays}
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        replays += 1
-        if peak(mid) <= budget:
-            lo = mid
-        else:
-            hi = mid
-    return {"batch": lo, "bfc_peak_bytes": peak(lo), "replays": replays + 1}
-
-
 def evaluate_row(graph: Graph, spec: RowSpec, *, devices: Sequence[str | DeviceProfile] = DEVICES, budget_bytes: int,
                  configs: Sequence[LMSConfig] | None = None, bfc_device: str | None = BFC_DEVICE,
                  workload: Mapping[str, Any] | None = None) -> RowResult:
@@ -347,8 +315,8 @@ def evaluate_row(graph: Graph, spec: RowSpec, *, devices: Sequence[str | DeviceP
             _outcome(graph, plans[plain.lms_config], budget_bytes, fast, plain.config).batch
         bfc = None
         if bfc_device is not None and p.name == bfc_device:
-            bfc = {"no_lms": bfc_adjusted(graph, None, base.batch, budget_bytes, p),
-                   "lms": bfc_adjusted(graph, plan, best.batch, budget_bytes, p)}
+            bfc = {"no_lms": bfc_adjusted_batch(graph, None, base.batch, budget_bytes, device=p),
+                   "lms": bfc_adjusted_batch(graph, plan, best.batch, budget_bytes, device=p)}
         results.append(DeviceOutcome(
             device=p.name, link=p.link, no_lms=base, lms=best, lms_without_branches=plain,
             ratio=ratio(best.batch, base.batch), throughput_cost=throughput_cost(best.throughput, base.throughput),

@@ -35,7 +35,7 @@ from lms.plan import SwapPlan  # noqa: E402
 from lms.config import atomic_write_text  # noqa: E402
 from lms.devices import GiB, get_device  # noqa: E402
 from lms.graph import Graph  # noqa: E402
-from lms.simulator import InfeasibleBudget, max_batch, simulate  # noqa: E402
+from lms.simulator import InfeasibleBudget, bfc_adjusted_batch, max_batch, simulate  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lms" / "paper_simulation"
@@ -93,31 +93,6 @@ def grid(quick: bool) -> list[LMSConfig]:
     return chain + [LMSConfig(n_tensors=n, lb=5, ctrld_strategy="direct_order") for n in (-1, 100)]
 
 
-def bfc_adjusted(graph: Graph, config: SwapPlan | None, batch: int, budget: int, kw: dict[str, Any]) -> dict:
-    """The largest batch <= `batch` whose BFC-replayed peak fits (bisection, a few replays)."""
-    def peak(b: int) -> int:
-        return simulate(graph, config, batch=b, timeline=False, allocator="bfc", **kw).peak_device_bytes
-
-    hi_peak = peak(batch)
-    if hi_peak <= budget:
-        return {"batch": batch, "bfc_peak_bytes": hi_peak, "replays": 1}
-    lo, hi, replays = batch, batch, 1
-    while lo > 1:
-        lo = max(1, int(lo * 0.9))
-        replays += 1
-        if peak(lo) <= budget:
-            break
-        hi = lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        replays += 1
-        if peak(mid) <= budget:
-            lo = mid
-        else:
-            hi = mid
-    return {"batch": lo, "bfc_peak_bytes": peak(lo), "replays": replays + 1}
-
-
 def run(graph: Graph, configs: list[LMSConfig], *, device_name: str, budget: int) -> dict[str, Any]:
     device = get_device(device_name)
     kw = dict(device=device)  # GPU kernels: lms.sim.costs.GPU_TEMPORARIES
@@ -140,8 +115,8 @@ def run(graph: Graph, configs: list[LMSConfig], *, device_name: str, budget: int
     fastest_2x = max((r for r in ok if r["batch"] >= 2 * base.batch), key=lambda r: r["throughput"], default=None)
     best_config = LMSConfig.from_dict(best["config"])
     plan = plans[best_config]
-    checks = {"no_lms": bfc_adjusted(graph, None, base.batch, budget, kw),
-              "best_lms": bfc_adjusted(graph, plan, best["batch"], budget, kw)}
+    checks = {"no_lms": bfc_adjusted_batch(graph, None, base.batch, budget, **kw),
+              "best_lms": bfc_adjusted_batch(graph, plan, best["batch"], budget, **kw)}
     # the best config with an infinitely fast link: what the link speed costs in batch size
     ideal_link = device.replace(link_bandwidth=1e18, transfer_latency_s=0.0)
     ideal = max_batch(graph, plan, budget, device=ideal_link)

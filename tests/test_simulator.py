@@ -491,3 +491,19 @@ def test_simulated_peak_tracks_the_tensorflow_cpu_peak(tmp_path, config, bound):
     # one process only: Grappler's node order, hence TF's executor order, differs between processes
     assert abs(row["bfc_error"]) <= bound, row
     assert row["measured_peak_bytes"] > row["resident_bytes"]
+
+
+def test_bfc_adjusted_batch_is_the_largest_batch_whose_replayed_peak_fits():
+    from lms.simulator import bfc_adjusted_batch, simulate
+    from tests.synthetic import chain
+
+    g = chain(6)
+
+    def bfc(b):
+        return simulate(g, None, batch=b, timeline=False, allocator="bfc").peak_device_bytes
+
+    budget = (bfc(20) + bfc(21)) // 2
+    out = bfc_adjusted_batch(g, None, 40, budget)
+    assert out["batch"] == 20 and out["bfc_peak_bytes"] == bfc(20) <= budget < bfc(21)
+    assert bfc_adjusted_batch(g, None, 15, budget)["batch"] == 15  # already fits: unchanged
+    assert bfc_adjusted_batch(g, None, 40, bfc(1) - 1)["batch"] == 0

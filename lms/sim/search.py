@@ -23,7 +23,7 @@ from ..plan import SwapPlan
 from .costs import TemporaryModel
 from .interpreter import SimResult, _cost_array, compiled_for, default_temporaries, resolve_plan, run
 
-__all__ = ["max_batch", "MaxBatchResult", "InfeasibleBudget", "ALL_SWAPPED"]
+__all__ = ["max_batch", "MaxBatchResult", "InfeasibleBudget", "ALL_SWAPPED", "bfc_adjusted_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -193,3 +193,46 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
             hi = mid
     log.debug("max_batch: %d (%d simulations)", lo, count)
     return result(lo_r)
+
+
+def bfc_adjusted_batch(graph: Graph, plan: SwapPlan | None, batch: int, budget: int,
+                       **simulate_kwargs: Any) -> dict[str, Any]:
+    """The largest batch <= `batch` whose BFC-replayed peak (fragmentation included) fits `budget`.
+
+    `max_batch` counts live bytes; this replays TF's BFC allocator (slow: a check,
+    not a search) and steps down from `batch` (10% at a time above 10, then by 1)
+    until a batch fits, then bisects. `simulate_kwargs` go to `simulate`.
+
+    Returns:
+        ``{"batch", "bfc_peak_bytes", "replays"}``; batch 0 when batch 1 does not fit.
+    """
+    from .interpreter import simulate
+
+    def peak(b: int) -> int:
+        return simulate(graph, plan, batch=b, timeline=False, allocator="bfc", **simulate_kwargs).peak_device_bytes
+
+    if batch < 1:
+        return {"batch": 0, "bfc_peak_bytes": None, "replays": 0}
+    replays = 1
+    top = peak(batch)
+    if top <= budget:
+        return {"batch": batch, "bfc_peak_bytes": top, "replays": replays}
+    lo, hi = batch, batch
+    while lo > 1:  # step down until a batch fits
+        lo = max(1, int(lo * 0.9)) if lo > 10 else lo - 1
+        replays += 1
+        if peak(lo) <= budget:
+            break
+        hi = lo
+    else:
+        replays += 1
+        if peak(1) > budget:
+            return {"batch": 0, "bfc_peak_bytes": None, "replays": replays}
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        replays += 1
+        if peak(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return {"batch": lo, "bfc_peak_bytes": peak(lo), "replays": replays + 1}
