@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import datetime
 import itertools
 import json
 import logging
@@ -492,12 +493,17 @@ def recover_stale_trials(study: Any) -> int:
     if not running:
         return 0
     stale_ids = _stale_by_heartbeat(study)
+    now = datetime.datetime.now()
     for t in running:
         owner = t.user_attrs.get("owner") or {}
         local_dead = owner.get("host") == socket.gethostname() and not _pid_alive(int(owner.get("pid", -1)))
-        if not (local_dead or t._trial_id in stale_ids):
+        orphan = (not owner and t.datetime_start is not None
+                  and (now - t.datetime_start).total_seconds() > _ORPHAN_AFTER_S)
+        if not (local_dead or orphan or t._trial_id in stale_ids):
             continue
-        why = ("its search process ended" if local_dead else "its search process stopped sending heartbeats")
+        why = ("its search process ended" if local_dead else
+               "its search process ended before claiming it" if orphan else
+               "its search process stopped sending heartbeats")
         try:
             trial = optuna.trial.Trial(study, t._trial_id)
             trial.set_user_attr("status", "interrupted")
@@ -512,6 +518,11 @@ def recover_stale_trials(study: Any) -> int:
     if recovered:
         log.info("%d trial(s) left running by a process that is gone were queued again", recovered)
     return recovered
+
+
+# A trial is claimed (user attr "owner") right after study.ask(); one still unclaimed after this
+# long belongs to a process that died in between (on SQLite or a journal there is no heartbeat).
+_ORPHAN_AFTER_S = 30.0
 
 
 def _counted(t: Any) -> bool:
@@ -600,7 +611,9 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[LMSConfig, Any]
                 known.update({k: v for k, v in _known_records(study).items() if k not in known})
             trials = study.get_trials(deepcopy=False)
             done = sum(1 for t in trials if _counted(t))
-            running = sum(1 for t in trials if t.state == TrialState.RUNNING)  # other threads / processes
+            # other threads / processes; a trial with no owner yet was only just asked for, or its
+            # process died between ask() and claiming it: it must not hold a slot (see _ORPHAN_AFTER_S)
+            running = sum(1 for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("owner"))
             known.update({k: v for k, v in _known_records(study).items() if k not in known})
             if done + running >= n_trials or (stop is not None and stop.is_set()):
                 break
