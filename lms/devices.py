@@ -33,6 +33,10 @@ _TFLOPS = 1e12
 _EFFECTIVE_LINK = 0.85
 
 
+# lms.sim.order.ORDERS (not imported: this module stays free of the simulator)
+_ORDERS = ("executor", "single_threaded", "fifo", "creation")
+
+
 @dataclass(frozen=True)
 class DeviceProfile:
     """One accelerator and its link to host memory.
@@ -60,6 +64,11 @@ class DeviceProfile:
             on the one stream (the CPU emulation's numpy copies).
         kernels: ``"gpu"`` or ``"cpu"``: whose scratch-memory model applies
             (`lms.sim.costs.TEMPORARIES`).
+        order: the executed-order model `lms.simulate` uses on this device
+            unless told otherwise (`lms.sim.order.executed_order`): GPUs
+            ``"executor"`` (TF's default executor); the emulated device
+            (``"cpu"``) ``"single_threaded"``, the executor its measurements
+            run under (``measure_step(executor="single_threaded")``).
     """
 
     name: str
@@ -77,6 +86,7 @@ class DeviceProfile:
     expensive_op_bytes: int | None = None
     async_copies: bool = True
     kernels: str = "gpu"
+    order: str = "executor"
 
     def __post_init__(self) -> None:
         for name in ("memory_bytes", "peak_flops", "mem_bandwidth", "link_bandwidth"):
@@ -89,6 +99,8 @@ class DeviceProfile:
                 raise ValueError(f"DeviceProfile.{name}={value!r}: must be in (0, 1]")
         if self.kernels not in ("gpu", "cpu"):
             raise ValueError(f"DeviceProfile.kernels={self.kernels!r}: allowed 'gpu', 'cpu'")
+        if self.order not in _ORDERS:
+            raise ValueError(f"DeviceProfile.order={self.order!r}: allowed " + ", ".join(map(repr, _ORDERS)))
         for name in ("op_overhead_s", "transfer_latency_s", "link_peak_bandwidth"):
             if getattr(self, name) < 0:
                 raise ValueError(f"DeviceProfile.{name}={getattr(self, name)!r}: must be >= 0")
@@ -150,7 +162,7 @@ DEVICES: dict[str, DeviceProfile] = {p.name: p for p in (
         "is this machine's RAM. Calibrate with measured op_costs before trusting its times.",
         link_peak_bandwidth=5 * _GB, compute_efficiency=0.5, memory_efficiency=0.5,
         op_overhead_s=20e-6, transfer_latency_s=20e-6, expensive_op_bytes=32 << 10,
-        async_copies=False, kernels="cpu"),
+        async_copies=False, kernels="cpu", order="single_threaded"),
 )}
 
 

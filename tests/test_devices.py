@@ -44,6 +44,31 @@ def test_cpu_profile_is_the_emulated_device():
     cpu = DEVICES["cpu"]
     assert not cpu.async_copies and cpu.expensive_op_bytes == 32 << 10 and cpu.kernels == "cpu"
     assert cpu.memory_bytes > 0
+    # its measurements run under TF's single-threaded executor, and the simulator follows it
+    assert cpu.order == "single_threaded"
+    assert {d.order for name, d in DEVICES.items() if name != "cpu"} == {"executor"}
+
+
+def test_profile_orders_are_the_simulators():
+    from lms.devices import _ORDERS
+    from lms.sim.order import ORDERS
+
+    assert _ORDERS == ORDERS
+    with pytest.raises(ValueError, match="DeviceProfile.order='lifo': allowed 'executor', 'single_threaded'"):
+        DEVICES["cpu"].replace(order="lifo")
+
+
+def test_simulate_takes_the_devices_order_unless_told():
+    from lms.simulator import simulate
+    from tests.synthetic import diamond
+
+    g = diamond()  # its two branches b, c run in a different order under each model
+
+    def ops(**kw):
+        return simulate(g, None, batch=2, **kw).timeline.op_names
+
+    assert ops(device="cpu") == ops(device="cpu", order="single_threaded") != ops(device="cpu", order="fifo")
+    assert ops(device="V100-16GB") == ops(device="V100-16GB", order="executor") == ops() != ops(device="cpu")
 
 
 @pytest.mark.parametrize("spelling", ["v100-16gb", "V100-16GB", " v100-16GB "])

@@ -321,8 +321,9 @@ def _measure(request: dict[str, Any], events: _Events) -> dict[str, Any]:
     import tensorflow as tf
 
     if backend == "emulated":
-        # One inter-op thread: the executor runs ops in the same order every step, so the measured
-        # peak repeats (with two, it varied by up to 10% between runs of the same batch here).
+        # The emulated device runs under TF's single-threaded executor: one fixed op order, the
+        # one the simulator's "cpu" profile models, so a peak repeats from run to run. (Under the
+        # default executor it depends on timing: up to 50% apart between processes with swaps.)
         tf.config.threading.set_inter_op_parallelism_threads(1)
     if backend == "gpu":
         gpus = tf.config.list_physical_devices("GPU")
@@ -351,7 +352,8 @@ def _measure(request: dict[str, Any], events: _Events) -> dict[str, Any]:
         x, y = workload.make_batch(batch, seed)
         with tf.device(device):
             data = (tf.convert_to_tensor(x), tf.convert_to_tensor(y))
-        return measure_step(fn, [data], warmup=warmup, steps=steps, device=device)
+        return measure_step(fn, [data], warmup=warmup, steps=steps, device=device,
+                            executor="single_threaded" if backend == "emulated" else "default")
 
     def probe(batch: int) -> Measurement:
         events.emit("probe_start", batch=batch)

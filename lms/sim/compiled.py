@@ -37,6 +37,7 @@ from ..graph import Graph, Role
 from ..plan import HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
 from .costs import ZERO_COST_TYPES, TemporaryModel, op_bytes, op_flops, op_temporary
 from .order import bypass_identities, executed_order
+from .shapes import complete_sizes, is_noop_reduction
 
 __all__ = ["CompiledGraph", "compile_graph", "ALIAS_TYPES",
            "FORWARDING_INPUTS", "INPUT_TYPES", "RESIDENT_TYPES"]
@@ -191,7 +192,7 @@ def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "e
         round_to: allocation granularity (TF's BFC allocator: 256 bytes).
     """
     g = rewrite_graph(graph, plan) if plan is not None and plan.swaps else graph
-    g = bypass_identities(g)
+    g = complete_sizes(bypass_identities(g))
     names = executed_order(g, order, expensive_op_bytes=expensive_op_bytes)
     n = len(names)
     ops = [g.ops[nm] for nm in names]
@@ -216,7 +217,7 @@ def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "e
                 reads.setdefault(_alias_root(g, op.inputs[0]), []).append(t)
                 read_last[t] = last_reader.get(t, pos)
             continue
-        if op.type in ALIAS_TYPES:
+        if op.type in ALIAS_TYPES or is_noop_reduction(g, op):
             for i, t in enumerate(op.outputs):
                 src = op.inputs[i if op.type == "IdentityN" else 0] if op.inputs else None
                 b = buf_of.get(src, -1) if src is not None else -1

@@ -89,7 +89,7 @@ def _trim(per_graph: dict) -> None:
 def simulate(graph: Graph, plan: LMSConfig | SwapPlan | None = None, *, batch: int,
              device: DeviceProfile | str | None = None, op_costs: Mapping[str, float] | None = None,
              op_costs_batch: int | None = None, resident_bytes: int | None = None,
-             temporaries: TemporaryModel | None = None, order: str = "executor",
+             temporaries: TemporaryModel | None = None, order: str | None = None,
              allocator: str = "exact", timeline: bool = True) -> SimResult:
     """Simulate one training step of `graph` rewritten by `plan` at batch size `batch`.
 
@@ -108,7 +108,11 @@ def simulate(graph: Graph, plan: LMSConfig | SwapPlan | None = None, *, batch: i
         temporaries: per-op scratch model (default: the device's, `lms.sim.costs.TEMPORARIES`
             by `DeviceProfile.kernels`; without a device the CPU-calibrated one).
         order: executed-order model: ``"executor"`` (TF's executor, with the
-            device's expensive-op rule), ``"fifo"`` or ``"creation"``.
+            device's expensive-op rule), ``"single_threaded"`` (TF's
+            single-threaded executor, as `lms.tf.measure.measure_step` runs
+            under with ``executor="single_threaded"``), ``"fifo"`` or
+            ``"creation"`` (see `lms.sim.order.executed_order`). ``None``: the
+            device's (`DeviceProfile.order`), ``"executor"`` without a device.
         allocator: ``"exact"``: the peak of live bytes (each allocation rounded
             to 256 bytes); ``"bfc"``: replay TF's BFC allocator over a few steps
             and report its peak bytes in use, internal fragmentation included
@@ -123,6 +127,8 @@ def simulate(graph: Graph, plan: LMSConfig | SwapPlan | None = None, *, batch: i
     resolved = resolve_plan(graph, plan)
     dev = get_device(device) if device is not None else None
     temporaries = default_temporaries(dev) if temporaries is None else temporaries
+    if order is None:
+        order = dev.order if dev is not None else "executor"
     cg = compiled_for(graph, resolved, order=order, temporaries=temporaries, resident_bytes=resident_bytes,
                       expensive_op_bytes=dev.expensive_op_bytes if dev is not None else None)
     costs = _cost_array(cg, op_costs, op_costs_batch, batch)

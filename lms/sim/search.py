@@ -89,7 +89,7 @@ def _fmt(n: float) -> str:
 def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_bytes: int, *,
               device: DeviceProfile | str | None = None, op_costs: Mapping[str, float] | None = None,
               op_costs_batch: int | None = None, resident_bytes: int | None = None,
-              temporaries: TemporaryModel | None = None, order: str = "executor",
+              temporaries: TemporaryModel | None = None, order: str | None = None,
               limit: int = 1 << 20) -> MaxBatchResult:
     """Largest batch whose simulated peak device memory is at most `budget_bytes`.
 
@@ -113,6 +113,8 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
     plan = resolve_plan(graph, config_or_plan)
     dev = get_device(device) if device is not None else None
     temporaries = default_temporaries(dev) if temporaries is None else temporaries
+    if order is None:
+        order = dev.order if dev is not None else "executor"
     kw = dict(order=order, temporaries=temporaries, resident_bytes=resident_bytes,
               expensive_op_bytes=dev.expensive_op_bytes if dev is not None else None)
     cg = compiled_for(graph, plan, **kw)

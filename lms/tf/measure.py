@@ -45,6 +45,8 @@ BFC_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
 GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
 SOURCE_CPU = "tf-bfc-cpu"
 SOURCE_GPU = "tf-allocator-gpu"
+# measure_step(executor=...) -> TF's executor type (None: TF's default)
+EXECUTORS = {"default": None, "single_threaded": "SINGLE_THREADED_EXECUTOR"}
 _PROBE_ELEMENTS = 64  # a 256-byte float32 tensor: BFC counts it, oneDNN's small-size path does not
 
 
@@ -251,7 +253,7 @@ def default_device() -> str:
 
 def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, steps: int = 5,
                  device: str | None = None, nvml: bool | NvmlSampler | None = None,
-                 reset_host_peak: bool = True) -> StepMeasurement:
+                 reset_host_peak: bool = True, executor: str = "default") -> StepMeasurement:
     """Run ``step`` untimed ``warmup`` times, then ``steps`` timed times, and measure.
 
     The allocator's peak statistic is reset before each timed step, so tracing,
@@ -274,6 +276,15 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
         reset_host_peak: reset this process's RSS high-water mark (and so, on
             Linux, ``ru_maxrss``) before the timed steps, so the host peak
             covers them only.
+        executor: ``"default"``: TF's executor; ``"single_threaded"``: TF's
+            ``SINGLE_THREADED_EXECUTOR`` for every tf.function the step calls,
+            warm-up included (a function is instantiated for an executor on its
+            first call under it). It runs the ops in one fixed order, so the
+            peak repeats from step to step and process to process (the default
+            executor's order depends on timing: peaks of one emulated-swap step
+            spread by up to ~50% across processes). `lms.simulate` models it
+            with ``order="single_threaded"``. Functions with control flow
+            (``tf.cond`` / ``tf.while_loop`` kernels) cannot run under it.
 
     Raises:
         RuntimeError: on CPU, when TF's CPU allocator is not BFC (see
@@ -281,6 +292,12 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
     """
     import tensorflow as tf
 
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor={executor!r}: allowed values are " + ", ".join(map(repr, EXECUTORS)))
+    if EXECUTORS[executor] is not None:
+        with tf.experimental.function_executor_type(EXECUTORS[executor]):
+            return measure_step(step, batches, warmup=warmup, steps=steps, device=device, nvml=nvml,
+                                reset_host_peak=reset_host_peak)
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
     if not isinstance(steps, int) or steps < 1:

@@ -179,6 +179,15 @@ def test_batches_sequence_iterator_and_single_tensor() -> None:
     assert seen == [7, 7] and m.batch_size == 5
 
 
+def test_single_threaded_executor_repeats_the_same_peak_every_step() -> None:
+    # TF's single-threaded executor runs the ops in one fixed order: every step peaks at the same
+    # bytes, give or take a 256-byte block or two (scalars such as the previous step's loss)
+    step = train_step_for(small_cnn())
+    m = measure_step(step, batch_of(8), warmup=1, steps=4, executor="single_threaded")
+    assert max(m.step_peaks_bytes) - min(m.step_peaks_bytes) <= 1024, m.step_peaks_bytes
+    assert m.peak_device_bytes > m.baseline_device_bytes + 4 * MIB  # activations of batch 8 counted
+
+
 def test_argument_validation() -> None:
     step = lambda x: x  # noqa: E731
     with pytest.raises(ValueError, match="steps must be an int >= 1"):
@@ -189,6 +198,8 @@ def test_argument_validation() -> None:
         measure_step(step, [], warmup=0, steps=1)
     with pytest.raises(TypeError, match="batches must be"):
         measure_step(step, 3, warmup=0, steps=1)
+    with pytest.raises(ValueError, match="executor='serial': allowed values are 'default', 'single_threaded'"):
+        measure_step(step, (tf.zeros([1]),), executor="serial")
     with pytest.raises(ValueError, match="device must look like"):
         measure_step(step, (tf.zeros([1]),), device="TPU:0")
     with pytest.raises(ValueError, match="TensorFlow sees 1 CPU device"):
