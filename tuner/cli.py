@@ -150,7 +150,8 @@ def _add_search(sub: Any) -> None:
             "gpu = the same with real runs on the GPU (MEASURED on GPU).\n\n"
             "Defaults without a GPU (backend emulated): 4 measured trials after 30 simulated ones, a 540 s\n"
             f"time limit, image_size reduced to {EMULATED_IMAGE_SIZE} for models that have one, and a budget =\n"
-            "the simulator's no-LMS peak at batch 32 (so the result shows how far LMS goes beyond it)."))
+            "the simulator's no-LMS peak at batch 32 with TF's BFC allocator replayed (so the no-LMS\n"
+            "baseline fits about that batch and the result shows how far LMS goes beyond it)."))
     p.add_argument("--model", required=True, type=str, metavar="NAME|MODULE:FUNC",
                    help="built-in workload (mlp, cnn_bn, residual, resnet50, unet3d, gpt2_small) or your "
                         "'package.module:function' / 'path/file.py:function' returning a tuner.models.Workload")

@@ -412,13 +412,18 @@ def load_graph(settings: SearchSettings, *, should_stop: Callable[[], bool] | No
 def derive_emulated_budget(graph: Any, *, reference_batch: int = 32, ceiling: int | None = None) -> int:
     """Default emulated budget: the simulator's no-LMS peak at `reference_batch`, rounded up to 64 MiB.
 
-    So the no-LMS baseline fits about `reference_batch` samples and the search
-    shows how far LMS goes beyond it; capped at `ceiling` (a quarter of host
-    memory by default) and at least 64 MiB.
+    Simulated on the emulated device's profile (``"cpu"``: the op order of TF's
+    single-threaded executor, which the emulated trials run under) with TF's
+    BFC allocator replayed (its rounding and unsplit chunks: ResNet-50 holds
+    15% more than its live bytes), so the no-LMS baseline fits about
+    `reference_batch` samples and the search shows how far LMS goes beyond it;
+    capped at `ceiling` (a quarter of host memory by default) and at least
+    64 MiB.
     """
     from lms.simulator import simulate
 
-    peak = simulate(graph, None, batch=reference_batch, timeline=False).peak_device_bytes
+    peak = simulate(graph, None, batch=reference_batch, device="cpu", allocator="bfc",
+                    timeline=False).peak_device_bytes
     quantum = 64 << 20
     budget = max(quantum, math.ceil(peak / quantum) * quantum)
     if ceiling is None:
@@ -904,8 +909,9 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
                 budget, budget_source = int(stored["budget_bytes"]), str(stored.get("budget_source", "stored"))
             else:
                 budget = derive_emulated_budget(graph)
-                budget_source = ("default for the emulated backend: the simulator's no-LMS peak at batch 32, "
-                                 "rounded up to 64 MiB (so LMS shows how far beyond batch 32 it goes)")
+                budget_source = ("default for the emulated backend: the simulator's no-LMS peak at batch 32 "
+                                 "(BFC allocator replayed), rounded up to 64 MiB, so the no-LMS baseline fits "
+                                 "about that batch")
         usable = usable_bytes(budget, settings.safety_margin)
         candidates, _ = find_candidates(graph, LMSConfig())
         if not candidates:

@@ -35,3 +35,16 @@ def test_parse_budget_rejects(text: str, fragment: str) -> None:
 ])
 def test_format_bytes(nbytes: int | None, text: str) -> None:
     assert format_bytes(nbytes) == text
+
+
+def test_default_emulated_budget_fits_the_reference_batch_on_the_emulated_devices_order() -> None:
+    # the budget comes from the emulated device's own order (TF's single-threaded executor, the
+    # "cpu" profile): there the no-LMS step fits the reference batch and not twice it
+    from lms.simulator import max_batch
+    from tests.synthetic import residual
+    from tuner.search import derive_emulated_budget
+
+    g = residual(6, per_sample_bytes=MiB)
+    budget = derive_emulated_budget(g, reference_batch=32)
+    assert budget % (64 * MiB) == 0
+    assert 32 <= max_batch(g, None, budget, device="cpu").batch < 64
