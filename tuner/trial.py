@@ -321,9 +321,10 @@ def _measure(request: dict[str, Any], events: _Events) -> dict[str, Any]:
     import tensorflow as tf
 
     if backend == "emulated":
-        # The emulated device runs under TF's single-threaded executor: one fixed op order, the
-        # one the simulator's "cpu" profile models, so a peak repeats from run to run. (Under the
-        # default executor it depends on timing: up to 50% apart between processes with swaps.)
+        # The emulated device runs under TF's single-threaded executor: one op order, fixed when
+        # the function is built, the one the simulator's "cpu" profile models, so every step of a
+        # trial peaks alike. (Under the default executor the order depends on timing: up to 50%
+        # apart between processes with swaps; under this one, at most 12% on our benchmark.)
         tf.config.threading.set_inter_op_parallelism_threads(1)
     if backend == "gpu":
         gpus = tf.config.list_physical_devices("GPU")

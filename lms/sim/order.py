@@ -48,9 +48,10 @@ def executed_order(graph: Graph, kind: str = "executor", *,
     ``"single_threaded"``: TF's ``SINGLE_THREADED_EXECUTOR`` (select it with
     ``tf.experimental.function_executor_type``), which runs a function's ops
     one by one in a reverse post-order of its graph, fixed when the function is
-    instantiated: the same order in every step and every process, no timing
-    in it. ``benchmarks/simulator_accuracy.py`` measures under it so that its
-    peaks repeat (``measure_step(executor="single_threaded")``); see
+    instantiated: the same order in every step, no timing in it (across
+    processes it can still move, see `_reverse_post_order`).
+    ``benchmarks/simulator_accuracy.py`` and the tuner's emulated trials measure
+    under it (``measure_step(executor="single_threaded")``); see
     `_reverse_post_order` for the one fitted detail.
 
     ``"fifo"``: one global FIFO ready queue over all ops (breadth-first).
@@ -122,8 +123,10 @@ def _reverse_post_order(graph: Graph) -> tuple[str, ...]:
     out-edges of its source node in a pointer-keyed hash set, so a few of
     them (seen: SGD's gradient-independent ``momentum * m`` products) land
     elsewhere in some processes: an MLP's peak measured 129-161 MiB over six
-    processes, 130 MiB in four. Shuffling the roots at random does not model
-    this (it predicted worse in every case tried); it stays a known spread.
+    processes, 130 MiB in four; with oneDNN's rewrites on, an 8-conv CNN's
+    no-LMS peak was 37, 52 and 61 MiB in three processes. Shuffling the roots
+    at random does not model this (it predicted worse in every case tried);
+    it stays a known spread.
     """
     succ = graph.successors
     names = list(graph.ops)

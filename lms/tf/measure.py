@@ -279,11 +279,13 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
         executor: ``"default"``: TF's executor; ``"single_threaded"``: TF's
             ``SINGLE_THREADED_EXECUTOR`` for every tf.function the step calls,
             warm-up included (a function is instantiated for an executor on its
-            first call under it). It runs the ops in one fixed order, so the
-            peak repeats from step to step and process to process (the default
-            executor's order depends on timing: peaks of one emulated-swap step
-            spread by up to ~50% across processes). `lms.simulate` models it
-            with ``order="single_threaded"``. Functions with control flow
+            first call under it). It runs the ops in one order, fixed when
+            the function is instantiated, so the peak repeats from step to
+            step (the default executor's order depends on timing: peaks of one
+            emulated-swap step spread by up to ~50% across processes). Across
+            processes the order can still differ for some graphs (TF keeps
+            some edges in hash sets). `lms.simulate` models it with
+            ``order="single_threaded"``. Functions with control flow
             (``tf.cond`` / ``tf.while_loop`` kernels) cannot run under it.
 
     Raises:

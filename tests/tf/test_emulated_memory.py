@@ -3,7 +3,9 @@
 An 8-layer CNN (64x64x3 -> 8 x conv3x3/16 + ReLU -> GAP -> dense) at batch 16
 is trained with `lms.function(..., emulate=True)` under several configs, each
 measured with `measure_step` in a fresh process (run as
-``python tests/tf/test_emulated_memory.py '<spec json>'``), so one measurement's
+``python tests/tf/test_emulated_memory.py '<spec json>'``, with
+``TF_CPU_ALLOCATOR_USE_BFC=true``; add ``"executor": "single_threaded"`` to the
+spec to measure under TF's single-threaded executor), so one measurement's
 allocator state cannot leak into another's.
 
 Each 64x64x16 float32 activation is 4 MiB at batch 16. The allocator's peak
@@ -88,7 +90,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         losses.append(float(loss.numpy()))
         return loss
 
-    measured = measure_step(recorded, (x, y), warmup=2, steps=spec["steps"])
+    measured = measure_step(recorded, (x, y), warmup=2, steps=spec["steps"],
+                            executor=spec.get("executor", "default"))
     weights = hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights())).hexdigest()
     summary = getattr(train, "summary", None)
     return {
