@@ -939,8 +939,10 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
             key = canonical_key(config)
             with predict_lock:
                 if key not in predictions:
+                    # measured trials see TF's BFC allocator: screen with it replayed
                     predictions[key] = predict_max_batch(graph, config, usable, device=settings.device,
-                                                         cap=settings.max_batch)
+                                                         cap=settings.max_batch,
+                                                         allocator="bfc" if settings.measured else "exact")
                 return predictions[key]
 
         def evaluate_predicted(config: LMSConfig, trial: Any) -> TrialRecord:

@@ -106,6 +106,26 @@ def test_prediction_agrees_with_simulator() -> None:
     assert pred.slope_bytes_per_sample is not None and pred.slope_bytes_per_sample > 0
 
 
+def test_prediction_with_the_bfc_allocator_replayed() -> None:
+    # what measured trials see: the largest batch whose replayed BFC peak fits, never above the
+    # live-byte answer; on this graph TF's unsplit chunks cost a batch (9 -> 8)
+    from lms import LMSConfig
+    from lms.simulator import bfc_adjusted_batch, simulate
+    from tests.synthetic import residual
+
+    graph, config, budget = residual(6, per_sample_bytes=MiB), LMSConfig(n_tensors=-1, lb=2), 300 * MiB
+    exact = predict_max_batch(graph, config, budget, device="cpu", cap=4096)
+    bfc = predict_max_batch(graph, config, budget, device="cpu", cap=4096, allocator="bfc")
+    assert bfc.batch == bfc_adjusted_batch(graph, config, exact.batch, budget, device="cpu")["batch"]
+    assert 1 <= bfc.batch < exact.batch
+    assert bfc.peak_bytes == simulate(graph, config, batch=bfc.batch, device="cpu", allocator="bfc",
+                                      timeline=False).peak_device_bytes <= budget
+    assert simulate(graph, config, batch=bfc.batch + 1, device="cpu", allocator="bfc",
+                    timeline=False).peak_device_bytes > budget
+    with pytest.raises(ValueError, match="allocator='tf': allowed values are 'exact', 'bfc'"):
+        predict_max_batch(graph, config, budget, device="cpu", cap=4096, allocator="tf")
+
+
 def test_prediction_infeasible_budget() -> None:
     from lms import LMSConfig
     from tests.synthetic import residual
