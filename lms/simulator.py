@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from .devices import DEVICES, DeviceProfile, get_device
 from .sim import (ALL_SWAPPED, CPU_TEMPORARIES, GPU_TEMPORARIES, NO_TEMPORARIES, CompiledGraph,
-                  InfeasibleBudget, MaxBatchResult, SimResult, TemporaryModel, TemporaryRule, Timeline,
+                  InfeasibleBudget, MaxBatchResult, OpCosts, SimResult, TemporaryModel, TemporaryRule, Timeline,
                   TimelineEvent, bfc_adjusted_batch, compile_graph, executed_order, max_batch, simulate)
 
 __all__ = [
     "simulate", "SimResult", "Timeline", "TimelineEvent", "max_batch", "MaxBatchResult", "bfc_adjusted_batch",
     "InfeasibleBudget", "ALL_SWAPPED", "TemporaryModel", "TemporaryRule", "CPU_TEMPORARIES",
     "NO_TEMPORARIES", "GPU_TEMPORARIES", "CompiledGraph", "compile_graph", "executed_order",
-    "DeviceProfile", "DEVICES", "get_device",
+    "DeviceProfile", "DEVICES", "get_device", "OpCosts",
 ]

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from lms.config import LMSConfig
     from lms.devices import DeviceProfile
     from lms.graph import Graph
+    from lms.sim.opcosts import OpCosts
 
 __all__ = ["Measurement", "Probe", "BatchSearchResult", "usable_bytes", "search_max_batch",
            "Prediction", "predict_max_batch"]
@@ -225,7 +226,8 @@ class Prediction:
 
 
 def predict_max_batch(graph: "Graph", config: "LMSConfig", budget_bytes: int, *,
-                      device: "DeviceProfile | str | None", cap: int, allocator: str = "exact") -> Prediction:
+                      device: "DeviceProfile | str | None", cap: int, allocator: str = "exact",
+                      op_costs: "OpCosts | None" = None) -> Prediction:
     """Simulated max batch, peak and throughput of `config` on `graph` (no TensorFlow).
 
     ``allocator="exact"`` counts live bytes (fast: the simulate backend's
@@ -234,15 +236,17 @@ def predict_max_batch(graph: "Graph", config: "LMSConfig", budget_bytes: int, *,
     about 0.3 s on ResNet-50 at 64x64): what a measured trial sees, since its
     peak is that allocator's (ResNet-50 at 64x64 on the emulated device: live
     bytes predict batch 116 for ``n_tensors=-1``, the replay 80, measured 85).
+    `op_costs`: measured per-op times (`lms.sim.OpCosts`) instead of the
+    device profile's roofline.
     """
     from lms.simulator import InfeasibleBudget, bfc_adjusted_batch, max_batch, simulate
 
     if allocator not in ("exact", "bfc"):
         raise ValueError(f"allocator={allocator!r}: allowed values are 'exact', 'bfc'")
     try:
-        r = max_batch(graph, config, budget_bytes, device=device, limit=cap)
+        r = max_batch(graph, config, budget_bytes, device=device, limit=cap, op_costs=op_costs)
     except InfeasibleBudget as exc:
-        first = simulate(graph, config, batch=1, device=device, timeline=False)
+        first = simulate(graph, config, batch=1, device=device, timeline=False, op_costs=op_costs)
         need = int(getattr(exc, "min_bytes", first.peak_device_bytes))
         return Prediction(0, first.peak_device_bytes, first.step_time_s, 0.0, min_bytes=need, n_swapped=0,
                           reason=(f"simulator: even batch 1 with every candidate swapped needs {need / 2**20:.1f} "
@@ -254,19 +258,20 @@ def predict_max_batch(graph: "Graph", config: "LMSConfig", budget_bytes: int, *,
     batch, peak, step_time, throughput, capped = r.batch, r.peak_bytes, r.step_time_s, r.throughput, r.capped
     kind = "exact"
     if allocator == "bfc":
-        adjusted = bfc_adjusted_batch(graph, config, r.batch, budget_bytes, device=device)
+        adjusted = bfc_adjusted_batch(graph, config, r.batch, budget_bytes, device=device, op_costs=op_costs)
         if adjusted["batch"] == 0:
             return Prediction(0, r.peak_bytes, r.step_time_s, 0.0, min_bytes=r.peak_bytes, n_swapped=r.n_swapped,
                               reason=("simulator: batch 1 does not fit once TF's BFC allocator is replayed "
                                       f"({budget_bytes / 2**20:.1f} MiB)"))
         if adjusted["batch"] < batch:
-            at = simulate(graph, config, batch=adjusted["batch"], device=device, timeline=False)
+            at = simulate(graph, config, batch=adjusted["batch"], device=device, timeline=False,
+                          op_costs=op_costs)
             batch, step_time, throughput, capped = adjusted["batch"], at.step_time_s, at.throughput, False
         peak, kind = adjusted["bfc_peak_bytes"], "bfc"
     slope = None
     if batch >= 2:
         half = simulate(graph, config, batch=max(1, batch // 2), device=device, timeline=False,
-                        allocator=kind)
+                        allocator=kind, op_costs=op_costs)
         if batch // 2 < batch and peak > half.peak_device_bytes:
             slope = (peak - half.peak_device_bytes) / (batch - max(1, batch // 2))
     return Prediction(batch, peak, step_time, throughput, slope_bytes_per_sample=slope,

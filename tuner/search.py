@@ -377,6 +377,29 @@ def _graph_key(settings: SearchSettings) -> dict[str, Any]:
     return {"model": settings.model, "model_options": dict(settings.model_options)}
 
 
+def _profile_batches(settings: SearchSettings) -> list[int] | None:
+    """Where to start profiling op times: the emulated backend only (its trials run on this CPU).
+
+    The workload's default batch (small, quick on a CPU); the worker grows it
+    from there (`tuner.trial._profile`).
+    """
+    if settings.backend != "emulated":
+        return None
+    return [int(settings.workload.get("default_batch") or 8)]
+
+
+def load_op_costs(settings: SearchSettings) -> Any:
+    """The per-op times the trace worker measured (`lms.sim.OpCosts`), or None (roofline)."""
+    from lms.sim.opcosts import OpCosts
+
+    try:
+        doc = json.loads((settings.study_dir / "graph.json").read_text(encoding="utf-8"))
+        return OpCosts.from_dict(doc["op_costs"]) if doc.get("op_costs") else None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("no measured op times (%s); the simulator uses its roofline", exc)
+        return None
+
+
 def load_graph(settings: SearchSettings, *, should_stop: Callable[[], bool] | None = None) -> Any:
     """The traced graph: from ``studies/<study>/graph.json`` if its key matches, else traced by a worker."""
     from lms.graph import Graph
@@ -395,7 +418,7 @@ def load_graph(settings: SearchSettings, *, should_stop: Callable[[], bool] | No
             log.warning("graph cache %s is unreadable (%s); tracing again", path, exc)
     log.info("tracing %s in a worker process (TensorFlow; once per study) ...", settings.model)
     request = {"mode": "trace", "workload": settings.model, "options": dict(settings.model_options),
-               "key": key, "output": str(path)}
+               "key": key, "output": str(path), "profile_batches": _profile_batches(settings)}
     outcome = run_worker(request, workdir=settings.study_dir / "trace", timeout_s=settings.trial_timeout_s,
                          env=worker_env("emulated"), should_stop=should_stop)
     if outcome.status == "bad_input":
@@ -901,6 +924,13 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
         raise BadInput(conflict)
     with _Stopper():
         graph = load_graph(settings)
+        op_costs = load_op_costs(settings) if settings.backend == "emulated" else None
+        if op_costs is not None:
+            notes.append(f"simulator op times: measured on this CPU ({op_costs.source})")
+        elif settings.backend == "emulated":
+            notes.append("simulator op times: the cpu profile's roofline (the step was not profiled: the "
+                         "graph came from another backend's trace, or profiling failed; see "
+                         f"{settings.study_dir / 'trace'})")
         budget = settings.budget_bytes
         budget_source = settings.budget_source
         stored = main.user_attrs.get("tuner") or {}
@@ -942,7 +972,8 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
                     # measured trials see TF's BFC allocator: screen with it replayed
                     predictions[key] = predict_max_batch(graph, config, usable, device=settings.device,
                                                          cap=settings.max_batch,
-                                                         allocator="bfc" if settings.measured else "exact")
+                                                         allocator="bfc" if settings.measured else "exact",
+                                                         op_costs=op_costs)
                 return predictions[key]
 
         def evaluate_predicted(config: LMSConfig, trial: Any) -> TrialRecord:

@@ -34,6 +34,7 @@ from ..planner import plan_swaps
 from .bfc import replay_bfc
 from .compiled import CompiledGraph, compile_graph
 from .costs import CPU_TEMPORARIES, TEMPORARIES, TemporaryModel
+from .opcosts import OpCosts
 from .result import SimResult, Timeline, TimelineEvent, _Trace
 
 __all__ = ["simulate", "SimResult", "Timeline", "TimelineEvent", "compiled_for", "resolve_plan",
@@ -100,7 +101,8 @@ def simulate(graph: Graph, plan: LMSConfig | SwapPlan | None = None, *, batch: i
         device: a `DeviceProfile` or its name: roofline op times and link speed.
             ``None``: instantaneous copies; times only from `op_costs`.
         op_costs: measured seconds per op name (ops not listed: roofline, or 0
-            without a device).
+            without a device), or an `OpCosts` (affine in the batch, from
+            `lms.tf.profile.profile_op_costs`; ops it did not see cost 0).
         op_costs_batch: the batch `op_costs` were measured at; they are scaled
             by ``batch / op_costs_batch`` (``None``: used as they are).
         resident_bytes: weights + optimizer slots + constants held all step;
@@ -140,8 +142,10 @@ def default_temporaries(device: DeviceProfile | None) -> TemporaryModel:
     return TEMPORARIES[device.kernels] if device is not None else DEFAULT_TEMPORARIES
 
 
-def _cost_array(cg: CompiledGraph, op_costs: Mapping[str, float] | None, measured_batch: int | None,
-                batch: int) -> np.ndarray | None:
+def _cost_array(cg: CompiledGraph, op_costs: "Mapping[str, float] | OpCosts | None",
+                measured_batch: int | None, batch: int) -> np.ndarray | None:
+    if isinstance(op_costs, OpCosts):
+        return op_costs.seconds(cg.op_names, batch)
     if not op_costs:
         return None
     scale = batch / measured_batch if measured_batch else 1.0

@@ -22,6 +22,7 @@ from ..graph import Graph
 from ..plan import SwapPlan
 from .costs import TemporaryModel
 from .interpreter import SimResult, _cost_array, compiled_for, default_temporaries, resolve_plan, run
+from .opcosts import OpCosts
 
 __all__ = ["max_batch", "MaxBatchResult", "InfeasibleBudget", "ALL_SWAPPED", "bfc_adjusted_batch"]
 
@@ -118,14 +119,16 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
     kw = dict(order=order, temporaries=temporaries, resident_bytes=resident_bytes,
               expensive_op_bytes=dev.expensive_op_bytes if dev is not None else None)
     cg = compiled_for(graph, plan, **kw)
-    base_costs = _cost_array(cg, op_costs, None, 1)
+    base_costs = None if isinstance(op_costs, OpCosts) else _cost_array(cg, op_costs, None, 1)
     count = 0
 
     def sim(b: int) -> SimResult:
         nonlocal count
         count += 1
         costs = base_costs
-        if costs is not None and op_costs_batch:
+        if isinstance(op_costs, OpCosts):
+            costs = op_costs.seconds(cg.op_names, b)
+        elif costs is not None and op_costs_batch:
             costs = costs * (b / op_costs_batch)
         return run(cg, b, device=dev, op_costs=costs, want_timeline=False)
 

@@ -15,6 +15,7 @@ import textwrap
 import time
 import types
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -181,11 +182,59 @@ def test_batches_sequence_iterator_and_single_tensor() -> None:
 
 def test_single_threaded_executor_repeats_the_same_peak_every_step() -> None:
     # TF's single-threaded executor runs the ops in one fixed order: every step peaks at the same
-    # bytes, give or take a 256-byte block or two (scalars such as the previous step's loss)
+    # bytes, give or take a few 256-byte blocks (scalars such as the previous step's loss): seen
+    # 0.25-1.75 KiB against 4 MiB of activations
     step = train_step_for(small_cnn())
     m = measure_step(step, batch_of(8), warmup=1, steps=4, executor="single_threaded")
-    assert max(m.step_peaks_bytes) - min(m.step_peaks_bytes) <= 1024, m.step_peaks_bytes
+    assert max(m.step_peaks_bytes) - min(m.step_peaks_bytes) <= 16 * KIB, m.step_peaks_bytes
     assert m.peak_device_bytes > m.baseline_device_bytes + 4 * MIB  # activations of batch 8 counted
+
+
+_PROFILE_SCRIPT = textwrap.dedent("""
+    import json, os, sys, time
+    os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+    import tensorflow as tf
+    tf.config.threading.set_inter_op_parallelism_threads(1)  # ops one at a time, as the tuner profiles
+    sys.path.insert(0, os.getcwd())
+    from tests.tf.test_measure import batch_of, small_cnn, train_step_for
+    from lms.tf.profile import profile_op_costs
+    step = train_step_for(small_cnn())
+    costs = profile_op_costs(step, batch_of, batches=(16, 64))
+    x, y = batch_of(128)
+    with tf.experimental.function_executor_type("SINGLE_THREADED_EXECUTOR"):
+        for _ in range(2):
+            step(x, y).numpy()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            step(x, y).numpy()
+    wall = (time.perf_counter() - t0) / 5
+    try:
+        profile_op_costs(step, batch_of, batches=(1, 2, 3))
+        error = None
+    except ValueError as exc:
+        error = str(exc)
+    print(json.dumps({"costs": costs.to_dict(), "wall": wall, "predicted": costs.step_seconds(128),
+                      "error": error}))
+""")
+
+
+def test_profiled_op_times_add_up_to_the_step() -> None:
+    # in a fresh process with one inter-op thread (op times are inflated when ops overlap)
+    from lms.sim.opcosts import OpCosts
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", _PROFILE_SCRIPT], cwd=root, capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    costs = OpCosts.from_dict(out["costs"])
+    assert costs.batches == (16, 64) and len(costs.fixed) > 20 and "tf.profiler" in costs.source
+    assert sum(costs.per_sample.values()) > 0  # the convolutions grow with the batch
+    # extrapolated to batch 128 from 16 and 64, against the step run op by op (whose wall time
+    # also holds the executor's own overhead; at small batches the profiler's own per-op cost
+    # shows: about 1.9x at batch 32 of this net)
+    assert 0.5 * out["wall"] <= out["predicted"] <= 1.5 * out["wall"], out["predicted"] / out["wall"]
+    assert "give one or two batch sizes" in out["error"]
 
 
 def test_argument_validation() -> None:

@@ -283,6 +283,14 @@ def test_emulated_search_end_to_end(tmp_path: Path) -> None:
     main = frame[frame["study"] == "emu"]
     assert len(main) == 2 and main["measured"].all()
     assert (frame[frame["study"] == "emu.simulated"]["figures"] == "predicted").all()
+    # the trace worker profiled the step: the screening simulated with measured op times
+    graph_doc = json.loads((tmp_path / "studies" / "emu" / "graph.json").read_text())
+    from lms.sim.opcosts import OpCosts
+    costs = OpCosts.from_dict(graph_doc["op_costs"])
+    lo, hi = costs.batches  # from the default batch (8) up to a step of about a second, at most 16x
+    assert 8 <= lo and hi == 4 * lo <= 128 and costs.step_seconds(hi) > costs.step_seconds(lo) > 0
+    assert any(name.endswith("Conv2DBackpropFilter") for name, t in costs.per_sample.items() if t > 0)
+    assert "simulator op times: measured on this CPU (tf.profiler" in proc.stdout
     _train_with(rec, "cnn_bn", {}, batch=4)
 
 

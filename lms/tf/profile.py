@@ -1,0 +1,102 @@
+"""Measure each op's compute time in real steps (TF's profiler), for the simulator's time model.
+
+    from lms.tf.profile import profile_op_costs
+    costs = profile_op_costs(step, lambda b: make_batch(b), batches=(8, 16))
+    lms.simulate(graph, config, batch=64, op_costs=costs)
+
+Each batch size is run ``warmup`` times untraced, then once under
+``tf.profiler``; every op event of the executed graph (``name:Type`` on TF's
+executor threads) adds its wall time to its op. Two batch sizes give each op
+an affine cost (`lms.sim.OpCosts.fit`). Ops Grappler fused run under the
+fused node's name (the time is kept, under one of the names); ops it removed
+cost nothing.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import shutil
+import tempfile
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..sim.opcosts import OpCosts
+
+__all__ = ["profile_op_costs", "op_seconds_from_xspace"]
+
+log = logging.getLogger(__name__)
+
+
+def profile_op_costs(step: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], *,
+                     batches: Sequence[int] = (8, 16), warmup: int = 2) -> OpCosts:
+    """Per-op seconds of `step` at each of `batches`, fitted affine in the batch.
+
+    Args:
+        step: a tf.function training step, called as ``step(*make_args(batch))``.
+        make_args: the step's arguments for a batch size (tensors or arrays).
+        batches: one or two batch sizes (two give fixed + per-sample costs).
+        warmup: untraced calls per batch size first (tracing, Grappler, the
+            executor's first runs).
+
+    Raises:
+        ValueError: bad `batches`, or the profile held no op events (then the
+            step ran no ops TF times, or TF's trace format changed).
+    """
+    import tensorflow as tf
+
+    batches = sorted({int(b) for b in batches})
+    if not batches or batches[0] < 1 or len(batches) > 2:
+        raise ValueError(f"batches={list(batches)}: give one or two batch sizes >= 1")
+    measured: dict[int, dict[str, float]] = {}
+    for batch in batches:
+        args = tuple(make_args(batch))
+        for _ in range(warmup):
+            _wait(step(*args))
+        logdir = tempfile.mkdtemp(prefix="lms-profile-")
+        try:
+            tf.profiler.experimental.start(logdir)
+            try:
+                _wait(step(*args))
+            finally:
+                tf.profiler.experimental.stop()
+            measured[batch] = op_seconds_from_xspace(logdir)
+        finally:
+            shutil.rmtree(logdir, ignore_errors=True)
+        if not measured[batch]:
+            raise ValueError(f"the profile of batch {batch} holds no op events (TF {tf.__version__})")
+        log.debug("profiled batch %d: %d ops, %.3f s of op time", batch, len(measured[batch]),
+                  sum(measured[batch].values()))
+    return OpCosts.fit(measured, source=f"tf.profiler, one step at each batch {batches}, TF {tf.__version__}")
+
+
+def op_seconds_from_xspace(logdir: str) -> dict[str, float]:
+    """Wall seconds per op name from the xplane files TF's profiler wrote under `logdir`."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    seconds: dict[str, float] = defaultdict(float)
+    for path in glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True):
+        space = xplane_pb2.XSpace()
+        with open(path, "rb") as fh:
+            space.ParseFromString(fh.read())
+        for plane in space.planes:
+            names = {k: m.name for k, m in plane.event_metadata.items()}
+            for line in plane.lines:
+                for ev in line.events:
+                    name = names.get(ev.metadata_id, "")
+                    op, sep, kind = name.rpartition(":")
+                    # op events are "name:Type"; skip "Class::method" and "Phrase: detail" events
+                    if not sep or not op or not kind or " " in name or "::" in name:
+                        continue
+                    seconds[op] += ev.duration_ps * 1e-12
+    return dict(seconds)
+
+
+def _wait(outputs: Any) -> None:
+    import tensorflow as tf
+
+    for t in tf.nest.flatten(outputs):
+        if hasattr(t, "numpy"):
+            t.numpy()
