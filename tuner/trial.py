@@ -315,33 +315,18 @@ def _trace(request: dict[str, Any], events: _Events) -> dict[str, Any]:
             "op_costs": bool(doc.get("op_costs"))}
 
 
-def _sync(outputs: Any) -> None:
-    import tensorflow as tf
-
-    for t in tf.nest.flatten(outputs):
-        if hasattr(t, "numpy"):
-            t.numpy()
-
-
-_PROFILE_STEP_S = 1.0  # the larger profiled batch runs in about this long (at most 16x the base batch)
-
-
 def _profile(step: Any, workload: Any, batches: list[int], events: _Events) -> dict[str, Any] | None:
     """Per-op times of the traced step on this CPU (`lms.tf.profile`), or None if profiling failed.
 
-    Starts from ``batches[0]`` (the workload's default batch): times one step
-    there, then profiles at the batch whose step takes about `_PROFILE_STEP_S`
-    (4x to 16x the base) and at a quarter of it. Larger batches fit better: the
-    per-sample part of each op's time needs two sizes well apart, and the
-    profiler's own per-op cost weighs less (ResNet-50 at 64x64 profiled at 2 and
-    8 predicted step times at batch 26-100 18-30% high, at 8 and 32 11-16%; the
-    roofline was 5x off). Run with one inter-op thread (set in `_trace`), as the
-    emulated trials run; a failed profile only costs the simulator its measured
-    times (it falls back to its roofline).
+    Starts from ``batches[0]`` (the workload's default batch) and profiles at the
+    batch whose step takes about a second and a quarter of it
+    (`lms.tf.profile.profile_batches`). Run with one inter-op thread (set in
+    `_trace`), as the emulated trials run; a failed profile only costs the
+    simulator its measured times (it falls back to its roofline).
     """
     import tensorflow as tf
 
-    from lms.tf.profile import profile_op_costs
+    from lms.tf.profile import profile_batches, profile_op_costs
 
     def make_args(batch: int) -> tuple[Any, Any]:
         x, y = workload.make_batch(batch, 0)
@@ -349,14 +334,7 @@ def _profile(step: Any, workload: Any, batches: list[int], events: _Events) -> d
 
     start = time.monotonic()
     try:
-        base = max(1, batches[0])
-        args = make_args(base)
-        _sync(step(*args))  # first call: Grappler, first allocations
-        t0 = time.monotonic()
-        _sync(step(*args))
-        one = max(time.monotonic() - t0, 1e-4)
-        hi = base * int(min(16, max(4, _PROFILE_STEP_S / one)))
-        batches = [max(base, hi // 4), hi]
+        batches = list(profile_batches(step, make_args, batches[0]))
         events.emit("phase", phase="profiling", batches=batches)
         costs = profile_op_costs(step, make_args, batches=batches)
     except Exception as exc:  # noqa: BLE001 - any failure: no measured op times, say why

@@ -88,7 +88,7 @@ def _trim(per_graph: dict) -> None:
 
 # ---- the interpreter ---------------------------------------------------------------------
 def simulate(graph: Graph, plan: LMSConfig | SwapPlan | None = None, *, batch: int,
-             device: DeviceProfile | str | None = None, op_costs: Mapping[str, float] | None = None,
+             device: DeviceProfile | str | None = None, op_costs: Mapping[str, float] | OpCosts | None = None,
              op_costs_batch: int | None = None, resident_bytes: int | None = None,
              temporaries: TemporaryModel | None = None, order: str | None = None,
              allocator: str = "exact", timeline: bool = True) -> SimResult:
@@ -142,7 +142,7 @@ def default_temporaries(device: DeviceProfile | None) -> TemporaryModel:
     return TEMPORARIES[device.kernels] if device is not None else DEFAULT_TEMPORARIES
 
 
-def _cost_array(cg: CompiledGraph, op_costs: "Mapping[str, float] | OpCosts | None",
+def _cost_array(cg: CompiledGraph, op_costs: Mapping[str, float] | OpCosts | None,
                 measured_batch: int | None, batch: int) -> np.ndarray | None:
     if isinstance(op_costs, OpCosts):
         return op_costs.seconds(cg.op_names, batch)

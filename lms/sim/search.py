@@ -88,7 +88,7 @@ def _fmt(n: float) -> str:
 
 
 def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_bytes: int, *,
-              device: DeviceProfile | str | None = None, op_costs: Mapping[str, float] | None = None,
+              device: DeviceProfile | str | None = None, op_costs: Mapping[str, float] | OpCosts | None = None,
               op_costs_batch: int | None = None, resident_bytes: int | None = None,
               temporaries: TemporaryModel | None = None, order: str | None = None,
               limit: int = 1 << 20) -> MaxBatchResult:
