@@ -169,15 +169,18 @@ class LMSConfig:
 
         Raises:
             FileNotFoundError: the file does not exist.
-            ValueError: the file is not valid JSON, has the wrong schema or
+            ValueError: not a regular file (a FIFO, a device, a folder), larger
+                than `MAX_CONFIG_BYTES`, not valid JSON, the wrong schema or
                 version, or its config has unknown keys or wrong types.
         """
         path = Path(path)
-        text = path.read_text(encoding="utf-8")
+        text = _read_config_text(path)
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        except RecursionError:
+            raise ValueError(f"{path}: not valid JSON (nested too deeply)") from None
         try:
             return cls.from_document(doc)
         except ValueError as exc:
@@ -202,6 +205,29 @@ class LMSConfig:
         if "config" not in doc:
             raise ValueError("missing key 'config'")
         return cls.from_dict(doc["config"])
+
+
+#: A config file, or a recommended.json with its Pareto front, is a few kilobytes; `LMSConfig.load` reads no more.
+MAX_CONFIG_BYTES = 4 << 20
+
+
+def _read_config_text(path: Path) -> str:
+    """The text of a regular file of at most `MAX_CONFIG_BYTES` (a FIFO would block, /dev/zero never ends)."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or special file"
+        raise ValueError(f"{path}: not a regular file ({kind})")
+    with os.fdopen(fd, "rb") as fh:
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        data = fh.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB; not an LMS config file")
+    return data.decode("utf-8")
 
 
 def _check_int(name: str, value: Any) -> None:

@@ -8,6 +8,7 @@ bytes. ``"16G"`` means GiB (what ``nvidia-smi`` and most people mean).
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 __all__ = ["parse_budget", "format_bytes", "BudgetError"]
 
@@ -22,6 +23,8 @@ _PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 # A budget below this cannot hold any real model; it is almost surely a typo (e.g. "16" for 16 GiB).
 _MIN_BUDGET = 1 << 20
+# No device (or host) has this much memory: a larger budget is a typo (e.g. "16000000TiB").
+_MAX_BUDGET = 1 << 50
 
 
 class BudgetError(ValueError):
@@ -32,7 +35,7 @@ def parse_budget(text: str) -> int:
     """Bytes in a size such as ``"16GiB"``, ``"1.5 GB"``, ``"512MiB"`` or ``"1073741824"``.
 
     Raises:
-        BudgetError: empty, negative, zero, below 1 MiB, an unknown unit, or not a number.
+        BudgetError: empty, negative, zero, below 1 MiB, above 1 PiB, an unknown unit, or not a number.
     """
     if not isinstance(text, str) or not text.strip():
         raise BudgetError("budget is empty; give a size such as 16GiB or 512MiB")
@@ -45,11 +48,14 @@ def parse_budget(text: str) -> int:
     factor = _UNITS.get(unit.lower())
     if factor is None:
         raise BudgetError(f"budget {text!r}: unknown unit {unit!r}; use B, KiB, MiB, GiB, TiB (or kB, MB, GB, TB)")
-    value = int(float(number) * factor)
+    value = int(Fraction(number) * factor)  # exact: a float overflows on a 400-digit number
     if value <= 0:
         raise BudgetError(f"budget {text!r} is zero; give a positive size such as 16GiB")
     if value < _MIN_BUDGET:
         raise BudgetError(f"budget {text!r} is {value} bytes, below 1 MiB; did you forget the unit (e.g. 16GiB)?")
+    if value > _MAX_BUDGET:
+        shown = text.strip() if len(text.strip()) <= 40 else text.strip()[:20] + "..."
+        raise BudgetError(f"budget {shown!r} is more than 1 PiB; no device has that much memory (e.g. 16GiB)")
     return value
 
 

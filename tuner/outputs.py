@@ -281,8 +281,13 @@ def write_trials_csv(path: Path, studies: Sequence[tuple[str, Any]]) -> Path:
 
 def write_outputs(study_dir: Path, *, main: Any, screen: Any | None, settings: "SearchSettings",
                   budget_bytes: int, budget_source: str, usable_bytes: int, environment: Mapping[str, Any],
-                  notes: Sequence[str] = ()) -> tuple[dict[str, Any] | None, Path | None, Path]:
-    """Write trials.csv always, recommended.json when some config is feasible."""
+                  notes: Sequence[str] = (), measure_advice: str = "rerun the search to measure"
+                  ) -> tuple[dict[str, Any] | None, Path | None, Path]:
+    """Write trials.csv always, recommended.json when some config is feasible.
+
+    With no feasible measured config, the screening study's predicted pick is
+    written, labelled PREDICTED, with `measure_advice` (a command that measures).
+    """
     studies: list[tuple[str, Any]] = [(main.study_name, main)]
     if screen is not None:
         studies.append((screen.study_name, screen))
@@ -297,7 +302,7 @@ def write_outputs(study_dir: Path, *, main: Any, screen: Any | None, settings: "
                                               min_throughput_ratio=settings.min_throughput_ratio)
         if chosen is not None:
             fallback = ("no config was confirmed by a real run yet: these figures are PREDICTED by the "
-                        "simulator; rerun the search to measure")
+                        f"simulator; {measure_advice}")
     if chosen is None:
         log.warning("no feasible config yet: recommended.json not written")
         return None, None, csv_path

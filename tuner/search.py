@@ -42,6 +42,7 @@ process) and cached as ``studies/<study>/graph.json``.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime
 import itertools
@@ -65,7 +66,7 @@ from lms.config import LMSConfig
 from .batch import Prediction, predict_max_batch, usable_bytes
 from .budget import format_bytes
 from .progress import Progress
-from .storage import StorageSpec, open_storage
+from .storage import StorageSpec, open_storage, storage_lock
 from .trial import WorkerOutcome, run_worker, worker_env
 
 __all__ = [
@@ -85,6 +86,11 @@ STRATEGIES = ("chain_rule", "direct_order")
 # the simulator is within about 10-15% of measured peaks, a near miss is worth measuring.
 SIM_SKIP_TOLERANCE = 0.15
 _MAX_CONSECUTIVE_ERRORS = 3
+#: Trial statuses that say nothing about the config: the trial is failed and its params queued again.
+#: ``interrupted``: the search stopped (Ctrl-C, time limit, its process died); ``machine_error``: the
+#: machine failed the trial (a folder turned read-only, a full disk, a worker that could not write its
+#: result). Only failures of the config itself (oom, infeasible, its model code raising, a timeout) are final.
+REQUEUED_STATUSES = ("interrupted", "machine_error")
 _INFEASIBLE = 1.0
 _ASK_LOCK = threading.Lock()
 
@@ -303,6 +309,7 @@ class TrialRecord:
     constraint: float
     reason: str = ""
     failed: bool = False  # Optuna FAIL (an error or an interruption), not a result
+    requeue: bool = False  # failed by the machine, not the config: FAIL it and queue the params again
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def user_attrs(self) -> dict[str, Any]:
@@ -366,9 +373,24 @@ def _measured_record(config: LMSConfig, outcome: WorkerOutcome, pred: Prediction
         return TrialRecord(status=outcome.status, batch_size=0, throughput=0.0, peak_device_bytes=None,
                            peak_source=source, constraint=_INFEASIBLE, reason=outcome.reason + partial,
                            extra=extra, **common)
+    if outcome.result is None:
+        # the worker ended without writing its result (not killed by a signal: that is "killed" above):
+        # it could not write to the study folder, or could not start; nothing is known about the config
+        return _machine_error_record(config, f"{outcome.reason} (log: {outcome.log_path})", backend=backend,
+                                     pred=pred, extra=extra)
     return TrialRecord(status="error", batch_size=0, throughput=0.0, peak_device_bytes=None, peak_source=source,
                        constraint=_INFEASIBLE, reason=f"{outcome.reason} (log: {outcome.log_path})", failed=True,
                        extra=extra, **common)
+
+
+def _machine_error_record(config: LMSConfig, reason: str, *, backend: str, pred: Prediction,
+                          extra: Mapping[str, Any] | None = None) -> TrialRecord:
+    """A trial the machine failed (see `REQUEUED_STATUSES`): it is queued again, not counted."""
+    return TrialRecord(config=config, backend=backend, measured=True, status="machine_error", batch_size=0,
+                       throughput=0.0, peak_device_bytes=None, peak_source="", predicted_peak_bytes=pred.peak_bytes,
+                       predicted_throughput=pred.throughput, constraint=_INFEASIBLE,
+                       reason=f"failed by the machine, not the config: {reason}; queued again", failed=True,
+                       requeue=True, extra=dict(extra or {}))
 
 
 # ==================================================================== the graph
@@ -557,14 +579,15 @@ def _counted(t: Any) -> bool:
     """Trials that count toward --trials: configs evaluated (finished, not interrupted, not a repeat).
 
     A repeat of an evaluated config (`duplicate_of`) is answered from the study
-    at no cost and does not count; an interrupted trial is queued again; a
-    config drawn while another worker runs it is ``skipped`` (not counted).
+    at no cost and does not count; an interrupted trial, or one failed by the
+    machine (`REQUEUED_STATUSES`), is queued again; a config drawn while another
+    worker runs it is ``skipped`` (not counted).
     """
     from optuna.trial import TrialState
 
     if t.state == TrialState.COMPLETE:
         return "duplicate_of" not in t.user_attrs
-    return t.state == TrialState.FAIL and t.user_attrs.get("status") not in ("interrupted", "skipped", None)
+    return t.state == TrialState.FAIL and t.user_attrs.get("status") not in (*REQUEUED_STATUSES, "skipped", None)
 
 
 def _known_records(study: Any) -> dict[str, tuple[int, dict[str, Any], list[float]]]:
@@ -603,7 +626,8 @@ class _Interrupted(Exception):
 def optimize(study: Any, space: SearchSpace, evaluate: Callable[[LMSConfig, Any], TrialRecord], *,
              n_trials: int, deadline: float | None, progress: Progress, desc: str,
              explore_on_repeat: bool = True, seed: int | None = None,
-             stop: threading.Event | None = None, own_progress: bool = True) -> int:
+             stop: threading.Event | None = None, own_progress: bool = True,
+             ask_lock: Callable[[], Any] | None = None, stopped: dict[str, str] | None = None) -> int:
     """Ask/tell until `n_trials` configs are evaluated, the space is exhausted, or the deadline passes.
 
     A config the study has already evaluated (same `canonical_key`) is told
@@ -615,12 +639,21 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[LMSConfig, Any]
 
     Several threads may run it on one study (one per GPU); `stop` ends them all
     (each re-queues the trial it was running). With ``own_progress=False`` the
-    caller starts and closes `progress`.
+    caller starts and closes `progress`. Several processes may share the study
+    too: `ask_lock` (e.g. `tuner.storage.storage_lock`) makes their ``ask`` one
+    at a time, so two never pop the same queued trial. Why the loop ended is
+    written to ``stopped["reason"]``: ``trials`` (done), ``others`` (the last
+    trials are running in other workers or processes), ``time limit``,
+    ``space`` (every config evaluated), ``repeats``, ``stop``.
 
     Returns:
         configs evaluated by this call.
     """
     from optuna.trial import TrialState
+
+    def why(reason: str) -> None:
+        if stopped is not None:
+            stopped["reason"] = reason
 
     done = sum(1 for t in study.get_trials(deepcopy=False) if _counted(t))
     known = _known_records(study)
@@ -644,10 +677,12 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[LMSConfig, Any]
             running = sum(1 for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("owner"))
             known.update({k: v for k, v in _known_records(study).items() if k not in known})
             if done + running >= n_trials or (stop is not None and stop.is_set()):
+                why("stop" if stop is not None and stop.is_set() else "trials" if done >= n_trials else "others")
                 break
             if len(known) >= space_size or repeats > max(50, 2 * n_trials):
                 log.info("every config of the search space has been evaluated (%d)" if len(known) >= space_size
                          else "the sampler keeps proposing evaluated configs; stopping at %d", len(known))
+                why("space" if len(known) >= space_size else "repeats")
                 break
             if deadline is not None:
                 left = deadline - time.monotonic()
@@ -655,9 +690,12 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[LMSConfig, Any]
                 if left <= 0 or left < typical:
                     log.warning("time limit: %d trial(s) run now, %d of %d done; run the same command again "
                                 "to continue", ran, done, n_trials)
+                    why("time limit")
                     break
             t0 = time.monotonic()
-            with _ASK_LOCK, warnings.catch_warnings():  # threads of one process must not pop the same queued trial
+            # threads of one process, and processes sharing a file storage, must not pop the same queued trial
+            with _ASK_LOCK, (ask_lock() if ask_lock is not None else contextlib.nullcontext()), \
+                    warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")  # ours runs in _heartbeat
                 trial = study.ask()
                 trial.set_user_attr("owner", _owner())
@@ -699,7 +737,13 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[LMSConfig, Any]
                     for name, value in record.user_attrs().items():
                         trial.set_user_attr(name, value)
                     trial.set_constraint("memory", float(record.constraint))
-                    if record.failed:
+                    if record.requeue:
+                        _requeue(study, trial, record.reason, status=record.status)
+                        errors += 1
+                        log.warning("trial %d: %s", trial.number, record.reason)
+                        if errors >= _MAX_CONSECUTIVE_ERRORS:
+                            raise SearchError(f"{errors} trials in a row failed; last: {record.reason}")
+                    elif record.failed:
                         study.tell(trial, state=TrialState.FAIL)
                         errors += 1
                         log.warning("trial %d failed: %s", trial.number, record.reason)
@@ -783,15 +827,16 @@ def _queue_unexplored(study: Any, space: SearchSpace, known: Mapping[str, Any], 
         study.enqueue_trial(rng.choice(fresh), user_attrs={"explore": True})
 
 
-def _requeue(study: Any, trial: Any, reason: str) -> None:
+def _requeue(study: Any, trial: Any, reason: str, *, status: str = "interrupted") -> None:
     from optuna.trial import TrialState
 
     try:
-        trial.set_user_attr("status", "interrupted")
+        trial.set_user_attr("status", status)
         trial.set_user_attr("reason", reason)
         params = dict(trial.params)
+        kept = {k: v for k, v in trial.user_attrs.items() if k in ("warm_start", "from_screen", "explore")}
         study.tell(trial, state=TrialState.FAIL)
-        study.enqueue_trial(params, user_attrs={"retry_of": trial.number})
+        study.enqueue_trial(params, user_attrs={**kept, "retry_of": trial.number})
     except Exception as exc:  # the next run recovers it as a stale trial
         log.debug("could not re-queue trial %d: %s", trial.number, exc)
 
@@ -871,6 +916,9 @@ class SearchOutcome:
     stopped_early: bool
     wall_s: float
     notes: tuple[str, ...] = ()
+    stop_reason: str = ""  # why it stopped early: see `optimize` (``time limit``, ``others``, ``space``, ...)
+    statuses: Mapping[str, int] = field(default_factory=dict)  # evaluated trials of the main study by status
+    running_elsewhere: int = 0  # trials of the study running in other processes when this one ended
 
 
 class _Stopper:
@@ -918,7 +966,12 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
     notes = list(settings.notes)
     settings.study_dir.mkdir(parents=True, exist_ok=True)
     storage = open_storage(settings.storage)
-    main = _create_study(settings.study, storage, make_sampler(settings.sampler, seed=settings.seed))
+
+    def ask_lock() -> Any:
+        return storage_lock(settings.storage)
+
+    with ask_lock():
+        main = _create_study(settings.study, storage, make_sampler(settings.sampler, seed=settings.seed))
     conflict = study_settings_conflict(main.user_attrs.get("tuner"), settings)
     if conflict:
         raise BadInput(conflict)
@@ -950,15 +1003,16 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
         attrs = {**settings.identity(), "budget_bytes": budget, "budget_source": budget_source,
                  "space": space.to_dict(), "workload": dict(settings.workload), "storage": settings.storage.display,
                  "schema_version": 1}
-        if not stored:
-            main.set_user_attr("tuner", attrs)
-            main.set_user_attr("role", "main")
-            log.info("new study %s: %s backend, budget %s (usable %s after a %.0f%% margin)", settings.study,
-                     settings.backend, format_bytes(budget), format_bytes(usable), 100 * settings.safety_margin)
-            for params in (space.baseline_params(), space.tflms_default_params()):
-                main.enqueue_trial(params, user_attrs={"warm_start": True}, skip_if_exists=True)
-        else:
-            log.info("resuming study %s", settings.study)
+        with ask_lock():  # searches starting together: one sets the study up, the others see it done
+            stored = main.user_attrs.get("tuner") or {}
+            if not stored:
+                main.set_user_attr("tuner", attrs)
+                main.set_user_attr("role", "main")
+                log.info("new study %s: %s backend, budget %s (usable %s after a %.0f%% margin)", settings.study,
+                         settings.backend, format_bytes(budget), format_bytes(usable), 100 * settings.safety_margin)
+            else:
+                log.info("resuming study %s", settings.study)
+            _queue_warm_start(main, space)
         recover_stale_trials(main)
 
         predictions: dict[str, Prediction] = {}
@@ -983,46 +1037,74 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
         screen = None
         ran = 0
         stopped = False
+        stop_info: dict[str, str] = {}
         try:
             if settings.measured:
-                screen = _create_study(settings.study + SCREEN_SUFFIX, storage,
-                                       make_sampler(settings.sampler, seed=settings.seed))
-                if not screen.user_attrs.get("tuner"):
-                    screen.set_user_attr("tuner", {**attrs, "backend": "simulate"})
-                    screen.set_user_attr("role", "screen")
-                    screen.set_user_attr("screen_of", settings.study)
-                    for params in (space.baseline_params(), space.tflms_default_params()):
-                        screen.enqueue_trial(params, user_attrs={"warm_start": True}, skip_if_exists=True)
+                with ask_lock():
+                    screen = _create_study(settings.study + SCREEN_SUFFIX, storage,
+                                           make_sampler(settings.sampler, seed=settings.seed))
+                    if not screen.user_attrs.get("tuner"):
+                        screen.set_user_attr("tuner", {**attrs, "backend": "simulate"})
+                        screen.set_user_attr("role", "screen")
+                        screen.set_user_attr("screen_of", settings.study)
+                    _queue_warm_start(screen, space)
                 recover_stale_trials(screen)
                 screened = optimize(screen, space, evaluate_predicted, n_trials=settings.screen_trials,
                                     deadline=deadline, progress=progress, desc="screen (simulated)",
-                                    seed=settings.seed)
-                queued = {canonical_key(space.config_of(t.system_attrs.get("fixed_params", t.params)))
-                          for t in main.get_trials(deepcopy=False)
-                          if "n_tensors" in t.system_attrs.get("fixed_params", t.params)}
-                k = max(0, settings.trials - len(queued))
-                for params in pareto_picks(screen.get_trials(deepcopy=False), k, exclude=queued):
-                    main.enqueue_trial(params, user_attrs={"from_screen": True}, skip_if_exists=True)
+                                    seed=settings.seed, ask_lock=ask_lock)
+                with ask_lock():
+                    queued = {canonical_key(space.config_of(t.system_attrs.get("fixed_params", t.params)))
+                              for t in main.get_trials(deepcopy=False)
+                              if "n_tensors" in t.system_attrs.get("fixed_params", t.params)}
+                    k = max(0, settings.trials - len(queued))
+                    for params in pareto_picks(screen.get_trials(deepcopy=False), k, exclude=queued):
+                        main.enqueue_trial(params, user_attrs={"from_screen": True}, skip_if_exists=True)
 
                 ran = _optimize_measured(main, space, settings, predict, usable=usable, deadline=deadline,
-                                         progress=progress)
+                                         progress=progress, ask_lock=ask_lock, stopped=stop_info)
             else:
                 ran = optimize(main, space, evaluate_predicted, n_trials=settings.trials, deadline=deadline,
-                               progress=progress, desc="search (simulated)", seed=settings.seed)
+                               progress=progress, desc="search (simulated)", seed=settings.seed,
+                               ask_lock=ask_lock, stopped=stop_info)
         finally:
-            completed = sum(1 for t in main.get_trials(deepcopy=False) if _counted(t))
+            trials = main.get_trials(deepcopy=False)
+            completed = sum(1 for t in trials if _counted(t))
             stopped = completed < settings.trials
             env = _environment(settings)
             doc, rec_path, csv_path = outputs.write_outputs(
                 settings.study_dir, main=main, screen=screen, settings=settings, budget_bytes=budget,
-                budget_source=budget_source, usable_bytes=usable, environment=env, notes=notes)
+                budget_source=budget_source, usable_bytes=usable, environment=env, notes=notes,
+                measure_advice=f"run the search again with --trials {completed + settings.trials} to measure "
+                               "more configs")
+    statuses: dict[str, int] = {}
+    for t in trials:
+        if _counted(t):
+            status = str(t.user_attrs.get("status") or "?")
+            statuses[status] = statuses.get(status, 0) + 1
+    running_elsewhere = sum(1 for t in trials if t.state.name == "RUNNING"
+                            and (t.user_attrs.get("owner") or {}).get("pid") not in (None, os.getpid()))
+    reason = stop_info.get("reason", "") if stopped else ""
+    if stopped and reason in ("", "trials", "others") and running_elsewhere:
+        reason = "others"
     return SearchOutcome(settings.study, doc, rec_path, csv_path, ran, screened, completed, stopped,
-                         time.monotonic() - start, tuple(notes))
+                         time.monotonic() - start, tuple(notes), stop_reason=reason, statuses=statuses,
+                         running_elsewhere=running_elsewhere)
+
+
+def _queue_warm_start(study: Any, space: SearchSpace) -> None:
+    """Queue the no-LMS baseline and TFLMS's defaults unless the study has them (queued, run or running).
+
+    Called on every start (under `tuner.storage.storage_lock`), so a search
+    stopped between creating the study and queueing them still gets them.
+    """
+    for params in (space.baseline_params(), space.tflms_default_params()):
+        study.enqueue_trial(params, user_attrs={"warm_start": True}, skip_if_exists=True)
 
 
 def _optimize_measured(main: Any, space: SearchSpace, settings: SearchSettings,
                        predict: Callable[[LMSConfig], Prediction], *, usable: int, deadline: float | None,
-                       progress: Progress) -> int:
+                       progress: Progress, ask_lock: Callable[[], Any] | None = None,
+                       stopped: dict[str, str] | None = None) -> int:
     """Real trials: one thread per worker slot (one per GPU of ``--gpus``, or ``--workers`` on the CPU).
 
     Each thread runs `optimize` on the shared study and starts its trial
@@ -1043,7 +1125,8 @@ def _optimize_measured(main: Any, space: SearchSpace, settings: SearchSettings,
     desc = f"search ({settings.backend}, measured)"
     if len(slots) == 1:
         return optimize(main, space, evaluate_on(slots[0]), n_trials=settings.trials, deadline=deadline,
-                        progress=progress, desc=desc, seed=settings.seed, stop=stop)
+                        progress=progress, desc=desc, seed=settings.seed, stop=stop, ask_lock=ask_lock,
+                        stopped=stopped)
     log.info("%d trial workers in parallel (%s)", len(slots),
              ", ".join(f"GPU {g}" for g in slots) if settings.backend == "gpu" else "CPU")
     done = sum(1 for t in main.get_trials(deepcopy=False) if _counted(t))
@@ -1052,8 +1135,8 @@ def _optimize_measured(main: Any, space: SearchSpace, settings: SearchSettings,
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="trial") as pool:
             futures = [pool.submit(optimize, main, space, evaluate_on(gpu), n_trials=settings.trials,
                                    deadline=deadline, progress=progress, desc=desc,
-                                   seed=None if settings.seed is None else settings.seed + i, stop=stop,
-                                   own_progress=False)
+                                   seed=None if settings.seed is None else (settings.seed + i) % 2**32,
+                                   stop=stop, own_progress=False, ask_lock=ask_lock, stopped=stopped)
                        for i, gpu in enumerate(slots)]
             try:
                 return sum(f.result() for f in futures)
@@ -1141,9 +1224,12 @@ def _evaluate_measured(settings: SearchSettings, config: LMSConfig, trial: Any, 
     def should_stop() -> bool:
         return (deadline is not None and time.monotonic() >= deadline) or (stop is not None and stop.is_set())
 
-    outcome = run_worker(request, workdir=trial_dir, timeout_s=settings.trial_timeout_s,
-                         env=worker_env(settings.backend, gpu=settings.gpu), on_event=on_event,
-                         should_stop=should_stop)
+    try:
+        outcome = run_worker(request, workdir=trial_dir, timeout_s=settings.trial_timeout_s,
+                             env=worker_env(settings.backend, gpu=settings.gpu), on_event=on_event,
+                             should_stop=should_stop)
+    except OSError as exc:  # e.g. the study folder turned read-only, the disk is full, no process can start
+        return _machine_error_record(config, f"{type(exc).__name__}: {exc}", backend=settings.backend, pred=pred)
     if outcome.status == "stopped":
         raise _Interrupted()
     return _measured_record(config, outcome, pred, backend=settings.backend, usable=usable, trial_dir=trial_dir)

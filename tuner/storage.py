@@ -16,6 +16,7 @@ with ``***`` and every message built here goes through it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -24,12 +25,12 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import quote, unquote
 
 __all__ = [
     "StorageSpec", "StorageError", "StudyNameError", "validate_study_name", "resolve_storage",
-    "mask_url", "mask_secrets", "engine_url", "open_storage", "check_reachable", "study_names", "DEFAULT_STUDIES_DIR",
+    "mask_url", "mask_secrets", "engine_url", "open_storage", "storage_lock", "check_reachable", "study_names", "DEFAULT_STUDIES_DIR",
 ]
 
 log = logging.getLogger(__name__)
@@ -102,17 +103,58 @@ class StorageSpec:
 
 
 def mask_url(url: str) -> str:
-    """``postgresql://u:secret@h/db`` -> ``postgresql://u:***@h/db``; also ``password=`` query values."""
-    masked = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):([^@/]*)@", r"\1:***@", url)
-    return re.sub(r"(?i)([?&](?:password|passwd|pwd)=)[^&]*", r"\1***", masked)
+    """``postgresql://u:secret@h/db`` -> ``postgresql://u:***@h/db``; also ``password=`` query values.
+
+    The password is found the way SQLAlchemy finds it (`sqlalchemy.engine.make_url`,
+    shown with ``render_as_string(hide_password=True)``), so a password holding
+    ``/``, ``:``, ``#``, ``?``, ``%`` or spaces is masked whole. A raw ``@`` in a
+    password (which SQLAlchemy would split at) and strings SQLAlchemy cannot
+    parse fall back to masking everything between ``user:`` and the last ``@``.
+    """
+    query_masked = _mask_query(url)
+    if _userinfo_password(url) is None:
+        return query_masked
+    parsed = _sqlalchemy_url(url)
+    if parsed is not None and parsed.password is not None and url.count("@") == 1:
+        return _mask_query(parsed.render_as_string(hide_password=True))
+    return _mask_query(_USERINFO.sub(r"\1:***@", url, count=1))
+
+
+# scheme://user:password@rest, the password running to the *last* "@" (over-masking is the safe side)
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):(.*)@", re.DOTALL)
+_QUERY_SECRET = re.compile(r"(?i)([?&](?:password|passwd|pwd)=)([^&]*)")
+
+
+def _mask_query(url: str) -> str:
+    return _QUERY_SECRET.sub(r"\1***", url)
+
+
+def _userinfo_password(url: str) -> str | None:
+    m = _USERINFO.match(url)
+    return m.group(2) if m else None
+
+
+def _sqlalchemy_url(url: str) -> Any:
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url)
+    except Exception:  # not a URL SQLAlchemy reads (journal:, garbage): the regex fallback masks it
+        return None
 
 
 def _secrets(url: str) -> list[str]:
-    found = []
-    m = re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@:]*:([^@/]*)@", url)
-    if m and m.group(1):
-        found += [m.group(1), unquote(m.group(1)), quote(unquote(m.group(1)), safe="")]
-    found += re.findall(r"(?i)[?&](?:password|passwd|pwd)=([^&]*)", url)
+    """Every form in which `url`'s password may appear in a message (raw, %-decoded, %-encoded)."""
+    found: list[str] = []
+    raw = _userinfo_password(url)
+    candidates = [raw] if raw else []
+    parsed = _sqlalchemy_url(url)
+    if parsed is not None and parsed.password:
+        candidates.append(str(parsed.password))
+    candidates += [m.group(2) for m in _QUERY_SECRET.finditer(url)]
+    for secret in candidates:
+        if secret and secret != "***":
+            found += [secret, unquote(secret), quote(unquote(secret), safe=""), quote(unquote(secret))]
     return sorted({s for s in found if s and s != "***"}, key=len, reverse=True)
 
 
@@ -168,8 +210,9 @@ def resolve_storage(storage: str | None, study: str, *, studies_dir: Path = DEFA
 def check_reachable(spec: StorageSpec, *, create: bool) -> None:
     """Fail early, writing nothing, when the storage cannot be used.
 
-    Files: the folder must exist (or, for the default, be creatable under an
-    existing parent) and be writable when `create`. Servers: the driver must be
+    Files: the folder must exist and be writable when `create` (a missing folder
+    is fine when it can be created under an existing writable parent; `open_storage`
+    makes it). Servers: the driver must be
     installed and a connection must open within a few seconds.
 
     Raises:
@@ -177,10 +220,13 @@ def check_reachable(spec: StorageSpec, *, create: bool) -> None:
     """
     if spec.path is not None:
         folder = spec.path.parent
-        if spec.default:
+        if spec.default or (create and not folder.exists()):
+            # made when the storage is opened (the default studies/<study>/, or e.g.
+            # journal:./studies/<study>/journal.log in a fresh directory): check only that it can be
             probe = next((p for p in (folder, *folder.parents) if p.exists()), None)
             if probe is None or not probe.is_dir() or (create and not _writable(probe)):
-                raise StorageError(f"cannot create the study folder {folder}: {probe} is not a writable folder")
+                what = "the study folder" if spec.default else f"the folder of storage {spec.display!r},"
+                raise StorageError(f"cannot create {what} {folder}: {probe} is not a writable folder")
             return
         if not folder.is_dir():
             raise StorageError(f"storage {spec.display!r} is unreachable: folder {folder} does not exist")
@@ -192,9 +238,10 @@ def check_reachable(spec: StorageSpec, *, create: bool) -> None:
     scheme = spec.url.split(":", 1)[0].split("+", 1)[0].lower()
     drivers = _DRIVERS.get(scheme, ())
     if drivers and not any(_has_module(d) for d in drivers):
+        install = ("pip install 'tflms-tuner[postgres]'" if scheme in ("postgresql", "postgres")
+                   else f"pip install {drivers[0]}")
         raise StorageError(
-            f"storage {spec.display!r} needs a {scheme} driver ({' or '.join(drivers)}); "
-            "install it with: pip install 'tflms-tuner[postgres]'")
+            f"storage {spec.display!r} needs a {scheme} driver ({' or '.join(drivers)}); install it with: {install}")
     try:
         import sqlalchemy
 
@@ -252,16 +299,20 @@ def _has_module(name: str) -> bool:
 
 def open_storage(spec: StorageSpec) -> Any:
     """An Optuna storage object for `spec` (creates the file/tables if missing)."""
+    if spec.path is not None:
+        spec.path.parent.mkdir(parents=True, exist_ok=True)
+    with storage_lock(spec):  # processes starting together on a new file would race to create its tables
+        return _open_storage(spec)
+
+
+def _open_storage(spec: StorageSpec) -> Any:
     import optuna
 
     if spec.kind == "journal":
         from optuna.storages.journal import JournalFileBackend, JournalStorage
 
         assert spec.path is not None
-        spec.path.parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(str(spec.path)))
-    if spec.path is not None:
-        spec.path.parent.mkdir(parents=True, exist_ok=True)
     engine_kwargs: dict[str, Any] = {}
     if spec.kind == "sqlite":
         # Several readers (report, dashboard) may open the file while a search writes.
@@ -282,7 +333,7 @@ def open_storage(spec: StorageSpec) -> Any:
         except Exception as exc:
             # Several processes starting at once on an empty database race to create Optuna's tables:
             # the losers see "already exists" / a duplicate key; the tables are there on the next try.
-            racing = any(w in str(exc).lower() for w in ("already exists", "duplicate"))
+            racing = any(w in str(exc).lower() for w in ("already exists", "duplicate", "unique constraint"))
             if racing and attempt + 1 < _CREATE_ATTEMPTS:
                 time.sleep(0.2 + random.random() * 0.5)
                 continue
@@ -290,6 +341,37 @@ def open_storage(spec: StorageSpec) -> Any:
     if spec.kind == "sqlite":
         _fast_sqlite(storage)
     return storage
+
+
+@contextlib.contextmanager
+def storage_lock(spec: StorageSpec) -> Iterator[None]:
+    """Hold an exclusive lock shared by every process using the file storage `spec` (no-op for servers).
+
+    Several searches may start together on one SQLite file or journal. SQLite
+    does not lock rows, so two of them could create the tables at once (the
+    loser fails on ``alembic_version``), queue the warm start twice, or pop the
+    same queued trial (both would run it). The few short steps where that
+    matters (opening, setting the study up, asking for a trial) run under this
+    lock: ``<storage file>.tuner-lock``, an ``flock`` released when the holder
+    exits, even by ``kill -9``. Where the lock file cannot be made (a read-only
+    folder, no ``fcntl``) the steps run unlocked.
+    """
+    if spec.path is None:
+        yield
+        return
+    try:
+        import fcntl
+
+        handle = open(spec.path.with_name(spec.path.name + ".tuner-lock"), "a")
+    except (ImportError, OSError):
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _fast_sqlite(storage: Any) -> None:

@@ -58,10 +58,15 @@ _TERM_GRACE_S = 5.0
 #: measured trial N, ``kill`` SIGKILLs itself, ``oom`` reports a (simulated) out-of-memory result,
 #: ``hang`` sleeps until the parent's --trial-timeout, ``raise`` makes the model code raise,
 #: ``ok`` returns a synthetic fitting result at once without TensorFlow (so a fault study takes
-#: seconds), ``die`` SIGKILLs the *search process* (parent) while the worker runs. ``*`` matches
+#: seconds), ``die`` SIGKILLs the *search process* (parent) while the worker runs (which then
+#: hangs, so a worker that outlived its parent would be seen), ``rofs`` fails to write its result
+#: as on a study folder turned read-only (a fault of the machine, not the config). ``*`` matches
 #: every trial without its own entry. Never set it outside tests.
 FAULT_ENV = "LMS_TUNER_FAULT"
-FAULT_KINDS = ("kill", "oom", "hang", "raise", "ok", "die")
+FAULT_KINDS = ("kill", "oom", "hang", "raise", "ok", "die", "rofs")
+#: The worker watches this inherited pipe end: end of file means its parent is gone, and it exits.
+PARENT_PIPE_ENV = "LMS_TUNER_PARENT_FD"
+PARENT_PID_ENV = "LMS_TUNER_PARENT_PID"
 
 
 def injected_fault(trial: int | None, spec: str | None = None) -> str | None:
@@ -161,11 +166,23 @@ def run_worker(request: dict[str, Any], *, workdir: Path, timeout_s: float | Non
     offset = 0
     killed_by_us = ""
     stopped = False
+    # The worker must not outlive this process (kill -9 included): on Linux the kernel kills it when its
+    # parent dies (PR_SET_PDEATHSIG); everywhere it exits when this pipe's write end closes (`_watch_parent`).
+    watch_r, watch_w = os.pipe()
+    env = dict(os.environ if env is None else env)
+    env[PARENT_PIPE_ENV], env[PARENT_PID_ENV] = str(watch_r), str(os.getpid())
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+        try:
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True, pass_fds=(watch_r,))
+        except BaseException:
+            os.close(watch_w)
+            raise
+        finally:
+            os.close(watch_r)
         if request.get("mode") == "measure" and injected_fault(request.get("trial")) == "die":
-            os.kill(os.getpid(), signal.SIGKILL)  # test-only: the whole search process dies mid-trial
+            _wait_for_file(events_path, 30)  # test-only: the whole search process dies mid-trial
+            os.kill(os.getpid(), signal.SIGKILL)
         try:
             while True:
                 try:
@@ -185,6 +202,8 @@ def run_worker(request: dict[str, Any], *, workdir: Path, timeout_s: float | Non
         except BaseException:
             _terminate(proc)  # Ctrl-C or an error here: never leave a worker behind
             raise
+        finally:
+            os.close(watch_w)
     _read_events(events_path, offset, events, on_event)
     wall = time.monotonic() - start
     rc = proc.returncode
@@ -203,6 +222,45 @@ def run_worker(request: dict[str, Any], *, workdir: Path, timeout_s: float | Non
                          f"worker exited with code {rc} without a result: {tail}", log_path, wall)
 
 
+def _watch_parent() -> None:
+    """Worker side: exit when the search process that started this worker is gone (`run_worker`).
+
+    Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` makes the kernel kill the worker
+    when its parent dies, ``kill -9`` included. (It is set here, at the
+    worker's start, rather than in a ``preexec_fn``, which is unsafe with the
+    parent's threads; a parent that died before the call is caught by the
+    ``getppid`` check.) Everywhere, as a second line: a thread reads the pipe
+    the parent holds open (`PARENT_PIPE_ENV`) and exits on end of file.
+    """
+    import threading
+
+    parent = os.environ.pop(PARENT_PID_ENV, "")
+    fd_text = os.environ.pop(PARENT_PIPE_ENV, "")
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            pr_set_pdeathsig = 1
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if parent.isdigit() and os.getppid() != int(parent):
+        os._exit(1)  # the parent died before the kernel was asked to tell us
+    if not fd_text.isdigit():
+        return
+    fd = int(fd_text)
+
+    def watch() -> None:
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:
+            pass
+        os._exit(1)  # the search process is gone: nobody would read this trial's result
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def _terminate(proc: subprocess.Popen) -> None:
     if proc.poll() is not None:
         return
@@ -218,6 +276,12 @@ def _terminate(proc: subprocess.Popen) -> None:
         except (ProcessLookupError, PermissionError):
             pass
         proc.wait()
+
+
+def _wait_for_file(path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not (path.is_file() and path.stat().st_size):
+        time.sleep(0.05)
 
 
 def _read_events(path: Path, offset: int, events: list[dict[str, Any]],
@@ -466,14 +530,14 @@ def _fake_fault(fault: str, request: dict[str, Any], events: _Events) -> dict[st
     events.emit("fault", kind=fault)
     if fault == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    if fault == "hang":
+    if fault in ("hang", "die"):  # "die": the parent kills itself; a worker that outlived it would finish
         time.sleep(3600)
     if fault == "raise":
         raise RuntimeError("injected fault: the model code raised")
     if fault == "oom":
         return {"status": "oom", "batch_size": 0, "throughput": 0.0, "peak_device_bytes": None,
                 "reason": "batch 1 does not fit: out of memory (injected fault)"}
-    batch = max(1, int(request.get("start_batch", 1)))  # "ok" and "die": a synthetic result that fits
+    batch = max(1, int(request.get("start_batch", 1)))  # "ok", "rofs": a synthetic result that fits
     usable = int(request["budget_bytes"])
     return {"status": "ok", "reason": "", "batch_size": batch, "throughput": 100.0 + batch,
             "step_time_median_s": batch / (100.0 + batch), "step_time_spread_s": 0.0,
@@ -497,6 +561,15 @@ def _lms_summary(fn: Any) -> dict[str, Any]:
             if k in data}
 
 
+def _summary(exc: BaseException) -> str:
+    """First and last line of an error: TensorFlow's "in user code:" errors put the cause on the last line."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    if len(lines) <= 1:
+        return _first_line(exc)
+    first, last = lines[0][:150], lines[-1][:300]
+    return first if first == last else f"{first} ... {last}"
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return (text[0] if text else type(exc).__name__)[:300]
@@ -508,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m tuner.trial REQUEST.json (started by the tuner)", file=sys.stderr)
         return BAD_INPUT_EXIT
+    _watch_parent()
     request = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     events = _Events(request.get("events"))
@@ -526,9 +600,13 @@ def main(argv: list[str] | None = None) -> int:
     except _BadInput as exc:
         result = {"status": "bad_input", "reason": str(exc)}
     except Exception as exc:
-        result = {"status": "error", "reason": f"{type(exc).__name__}: {_first_line(exc)}"}
+        result = {"status": "error", "reason": f"{type(exc).__name__}: {_summary(exc)}"}
         log.exception("worker failed")
     result["wall_s"] = round(time.monotonic() - start, 3)
+    if mode == "measure" and injected_fault(request.get("trial")) == "rofs":
+        import errno  # test-only: the study folder turned read-only under the worker
+
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), request.get("result"))
     if request.get("result"):
         atomic_write_text(request["result"], json.dumps(result, indent=2, default=_json_default) + "\n")
     else:

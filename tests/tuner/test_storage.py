@@ -51,11 +51,27 @@ def test_bad_storage_urls(url: str, fragment: str) -> None:
 
 
 def test_unreachable_file_storage_creates_nothing(tmp_path: Path) -> None:
-    missing = tmp_path / "no" / "such"
-    for url in (f"sqlite:///{missing}/x.db", f"journal:{missing}/x.log"):
-        with pytest.raises(StorageError, match="unreachable"):
+    (tmp_path / "afile").write_text("not a folder\n")
+    below_a_file = tmp_path / "afile" / "sub"
+    for url in (f"sqlite:///{below_a_file}/x.db", f"journal:{below_a_file}/x.log"):
+        with pytest.raises(StorageError, match="not a writable folder"):
             check_reachable(resolve_storage(url, "s"), create=True)
-    assert not (tmp_path / "no").exists()
+    for url in (f"sqlite:///{tmp_path}/no/x.db", f"journal:{tmp_path}/no/x.log"):  # list/best/report: must exist
+        with pytest.raises(StorageError, match="does not exist"):
+            check_reachable(resolve_storage(url, "s"), create=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_missing_folder_of_a_new_file_storage_is_created_when_opened(tmp_path: Path) -> None:
+    """The README's journal:./studies/<study>/journal.log works in a fresh directory (issue 12, item 14)."""
+    import optuna
+
+    for url in (f"journal:{tmp_path}/j/s/journal.log", f"sqlite:///{tmp_path}/q/s/study.db"):
+        spec = resolve_storage(url, "s")
+        check_reachable(spec, create=True)
+        assert not spec.path.parent.exists()  # checking writes nothing
+        optuna.create_study(study_name="s", storage=open_storage(spec))
+        assert spec.path.is_file()
 
 
 @pytest.mark.parametrize("url, shown", [

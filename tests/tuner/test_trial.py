@@ -95,6 +95,14 @@ def test_timeout_and_killed_are_infeasible_results(status: str) -> None:
 
 
 def test_error_fails_the_trial() -> None:
-    r = _measured_record(LMSConfig(), _outcome("error", None, reason="boom"), PRED, backend="emulated",
-                         usable=100 * MiB, trial_dir=Path("/t"))
-    assert r.failed and r.status == "error" and "/tmp/w.log" in r.reason
+    r = _measured_record(LMSConfig(), _outcome("error", {"status": "error", "reason": "boom"}, reason="boom"), PRED,
+                         backend="emulated", usable=100 * MiB, trial_dir=Path("/t"))
+    assert r.failed and not r.requeue and r.status == "error" and "/tmp/w.log" in r.reason
+
+
+def test_worker_without_a_result_is_a_machine_error_queued_again() -> None:
+    """It wrote no result (e.g. the study folder turned read-only): nothing is known about the config."""
+    r = _measured_record(LMSConfig(), _outcome("error", None, reason="worker exited with code 1 without a result"),
+                         PRED, backend="emulated", usable=100 * MiB, trial_dir=Path("/t"))
+    assert r.failed and r.requeue and r.status == "machine_error"
+    assert "not the config" in r.reason and "/tmp/w.log" in r.reason
