@@ -79,6 +79,20 @@ _positive_int = _int_at_least(1)
 _nonneg_int = _int_at_least(0)
 
 
+_MAX_SEED = 2**32 - 1  # numpy's RandomState, under Optuna's samplers, takes 0 .. 2**32 - 1
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value <= _MAX_SEED:
+        shown = text if len(text) <= 24 else text[:20] + "..."
+        raise argparse.ArgumentTypeError(f"{shown} must be between 0 and {_MAX_SEED}")
+    return value
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -175,11 +189,13 @@ def _add_search(sub: Any) -> None:
                    help=f"stop starting trials after this long (0: no limit; default: none, "
                         f"{DEFAULT_EMULATED_TIMEOUT_S:.0f} s for emulated)")
     p.add_argument("--trial-timeout", type=_seconds, default=600.0, metavar="SECONDS",
-                   help="kill one real trial after this long (default: %(default)s)")
+                   help="kill one real trial after this long; it also bounds tracing the model, once per "
+                        "study (default: %(default)s)")
     p.add_argument("--study", type=_study_name, default=None, metavar="NAME",
                    help="study name (default: <model>-<backend>)")
     _storage_args(p)
-    p.add_argument("--seed", type=int, default=None, help="sampler seed (default: random)")
+    p.add_argument("--seed", type=_seed, default=None, metavar="N",
+                   help=f"sampler seed, 0 .. {_MAX_SEED} (default: random)")
     p.add_argument("--steps", type=_positive_int, default=5, metavar="N",
                    help="timed steps per measurement (default: %(default)s)")
     p.add_argument("--warmup", type=_nonneg_int, default=2, metavar="N",
@@ -337,6 +353,8 @@ def build_search_settings(args: argparse.Namespace) -> Any:
                          f"minutes (give --model-option image_size={size} to keep it)")
     if args.gpus and backend != "gpu":
         raise BadInput(f"--gpus needs --backend gpu (the backend is {backend})")
+    if args.workers > 1 and backend == "simulate":
+        raise BadInput("--workers needs --backend emulated or gpu (simulate predicts every trial in this process)")
     gpu_info = None
     gpu_list: tuple[str, ...] = ()
     if backend in ("gpu", "simulate"):
@@ -397,7 +415,7 @@ def _stored_settings(storage: StorageSpec, study: str) -> dict[str, Any] | None:
         return None
     from .storage import open_storage, study_names
 
-    opened = open_storage(storage)
+    opened = open_storage(storage, lock=True)  # another search may be creating it right now
     if study not in study_names(opened):
         return None
     import optuna
@@ -426,10 +444,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         _err(f"interrupted: completed trials are kept in {settings.storage.display}; run the same command "
              "again to resume")
         return EXIT_FAILURE
-    if outcome.recommendation is None:
+    failure = _search_failure(settings, outcome)
+    if failure:
         _report_after_search(args, settings.study, settings.studies_dir)
-        _err(f"no config fits the budget in study {settings.study} ({outcome.completed} trials); see "
-             f"{outcome.trials_csv}")
+        _err(failure)
         return EXIT_FAILURE
     if args.json:
         print(json.dumps(outcome.recommendation, indent=2, default=str))
@@ -440,9 +458,55 @@ def cmd_search(args: argparse.Namespace) -> int:
               + (f", {outcome.screened} simulated for screening" if outcome.screened else "")
               + f"; {outcome.wall_s:.0f} s)")
         if outcome.stopped_early:
-            print(f"stopped before {settings.trials} trials (time limit); run the same command to continue")
+            print(_stopped_early(settings, outcome))
     _report_after_search(args, settings.study, settings.studies_dir)
     return EXIT_OK
+
+
+def _more_trials(outcome: Any, settings: Any) -> str:
+    """A command-line change that makes a rerun evaluate more configs (evaluated ones count toward --trials)."""
+    return f"--trials {outcome.completed + settings.trials}"
+
+
+def _search_failure(settings: Any, outcome: Any) -> str:
+    """Why the search has no usable result (exit 1), or "" when it has one."""
+    rec = outcome.recommendation
+    if rec is not None and (rec.get("measured") or not settings.measured):
+        return ""
+    statuses = dict(outcome.statuses)
+    evaluated = sum(statuses.values())
+    if outcome.stop_reason == "time limit" and not any(statuses.get(s) for s in ("ok",)):
+        limit = f"{settings.timeout_s:g} s" if settings.timeout_s else "the time limit"
+        what = "before any config was evaluated" if evaluated == 0 else "before any config was measured to fit"
+        return (f"the time limit ({limit}) ran out {what} in study {settings.study} ({evaluated} trials); give a "
+                f"longer --timeout (0: no limit) and run again")
+    failed = {s: n for s, n in statuses.items() if s in ("error", "timeout", "killed")}
+    shown = ", ".join(f"{n} {s}" for s, n in sorted(failed.items()))
+    predicted = (f"; {outcome.recommended_path} holds the simulator's PREDICTED pick only" if rec is not None else "")
+    if evaluated and sum(failed.values()) == evaluated:
+        return (f"every measured trial failed or timed out ({shown}) in study {settings.study}{predicted}; see "
+                f"the reasons in {outcome.trials_csv} and the workers' logs, fix the cause (e.g. a longer "
+                f"--trial-timeout), and run again with {_more_trials(outcome, settings)} to measure more configs")
+    if outcome.stopped_early and outcome.stop_reason == "others" and evaluated == 0:
+        return (f"no config evaluated yet in study {settings.study}: its trials are running in another process "
+                f"({outcome.running_elsewhere}); see their results with '{PROG} best --study {settings.study}'")
+    return (f"no config fits the budget in study {settings.study} ({evaluated} trials"
+            + (f": {shown}" if shown else "") + f"){predicted}; see {outcome.trials_csv}")
+
+
+def _stopped_early(settings: Any, outcome: Any) -> str:
+    """The line that says why the search ended before --trials configs were evaluated."""
+    head = f"stopped before {settings.trials} trials"
+    if outcome.stop_reason == "time limit":
+        return f"{head} (time limit); run the same command to continue"
+    if outcome.stop_reason == "others":
+        return (f"{head}: the other {outcome.running_elsewhere} trial(s) are running in another process sharing "
+                "the study; its results are recorded there")
+    if outcome.stop_reason in ("space", "repeats"):
+        return f"{head}: every config of the search space has been evaluated"
+    if outcome.stop_reason == "stop":
+        return f"{head} (stopped); run the same command to continue"
+    return f"{head}; run the same command with {_more_trials(outcome, settings)} to continue"
 
 
 # ============================================================== best / list / report
@@ -507,42 +571,30 @@ def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | N
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    import optuna
-
-    from .storage import open_storage
-
-    rows = []
+    rows: list[tuple[str, ...]] = []
+    unreadable: list[str] = []
     if args.storage:
         spec = resolve_storage(args.storage, "list", studies_dir=args.studies_dir)
         check_reachable(spec, create=False)
         if not spec.exists():
             raise BadInput(f"storage {spec.display!r} does not exist")
-        sources = [(spec, open_storage(spec))]
+        sources = [spec]
     else:
-        sources = []
         root = args.studies_dir
-        for db in sorted(root.glob("*/study.db")) if root.is_dir() else []:
-            spec = resolve_storage(None, db.parent.name, studies_dir=root)
-            sources.append((spec, open_storage(spec)))
-    for spec, storage in sources:
-        for summary in optuna.study.get_all_study_summaries(storage=storage, include_best_trial=False):
-            attrs = summary.user_attrs.get("tuner") or {}
-            rec = args.studies_dir / summary.study_name / "recommended.json"
-            best = ""
-            if rec.is_file():
-                try:
-                    doc = json.loads(rec.read_text())
-                    best = (f"batch {doc['batch_size']}, {doc['throughput']:.1f}/s "
-                            f"({'measured' if doc.get('measured') else 'predicted'})")
-                except (ValueError, KeyError):
-                    best = "(unreadable recommended.json)"
-            from .search import _counted
-
-            study = optuna.load_study(study_name=summary.study_name, storage=storage)
-            evaluated = sum(1 for t in study.get_trials(deepcopy=False) if _counted(t))
-            rows.append((summary.study_name, str(evaluated), attrs.get("model", "?"),
-                         attrs.get("backend", "?"), format_bytes(attrs.get("budget_bytes")),
-                         summary.user_attrs.get("role", ""), best))
+        sources = [resolve_storage(None, db.parent.name, studies_dir=root)
+                   for db in (sorted(root.glob("*/study.db")) if root.is_dir() else [])]
+    for spec in sources:
+        try:
+            found = _study_rows(args, spec)
+        except Exception as exc:  # a corrupt or foreign file: flag it, list the others
+            if args.storage:
+                raise
+            reason = mask_secrets(" ".join(str(exc).split()), spec.url)[:160]
+            rows.append((spec.path.parent.name if spec.path else spec.display, "?", "", "", "", "",
+                         f"UNREADABLE: {type(exc).__name__}: {reason}"))
+            unreadable.append(str(spec.path))
+            continue
+        rows += found
     if not rows:
         print(f"no studies in {args.storage and mask_secrets(args.storage, args.storage) or args.studies_dir}")
         return EXIT_OK
@@ -550,7 +602,37 @@ def cmd_list(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    for path in unreadable:
+        _err(f"warning: cannot read {path}; it is listed as UNREADABLE")
     return EXIT_OK
+
+
+def _study_rows(args: argparse.Namespace, spec: StorageSpec) -> list[tuple[str, ...]]:
+    """`list`'s rows for the studies in one storage."""
+    import optuna
+
+    from .search import _counted
+    from .storage import open_storage
+
+    rows = []
+    storage = open_storage(spec)
+    for summary in optuna.study.get_all_study_summaries(storage=storage, include_best_trial=False):
+        attrs = summary.user_attrs.get("tuner") or {}
+        rec = args.studies_dir / summary.study_name / "recommended.json"
+        best = ""
+        if rec.is_file():
+            try:
+                doc = json.loads(rec.read_text())
+                best = (f"batch {doc['batch_size']}, {doc['throughput']:.1f}/s "
+                        f"({'measured' if doc.get('measured') else 'predicted'})")
+            except (ValueError, KeyError):
+                best = "(unreadable recommended.json)"
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        evaluated = sum(1 for t in study.get_trials(deepcopy=False) if _counted(t))
+        rows.append((summary.study_name, str(evaluated), attrs.get("model", "?"),
+                     attrs.get("backend", "?"), format_bytes(attrs.get("budget_bytes")),
+                     summary.user_attrs.get("role", ""), best))
+    return rows
 
 
 def cmd_report(args: argparse.Namespace) -> int:

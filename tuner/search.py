@@ -965,7 +965,7 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
     deadline = None if settings.timeout_s is None else start + settings.timeout_s
     notes = list(settings.notes)
     settings.study_dir.mkdir(parents=True, exist_ok=True)
-    storage = open_storage(settings.storage)
+    storage = open_storage(settings.storage, lock=True)
 
     def ask_lock() -> Any:
         return storage_lock(settings.storage)

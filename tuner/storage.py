@@ -211,7 +211,7 @@ def check_reachable(spec: StorageSpec, *, create: bool) -> None:
     """Fail early, writing nothing, when the storage cannot be used.
 
     Files: the folder must exist and be writable when `create` (a missing folder
-    is fine when it can be created under an existing writable parent; `open_storage`
+    under the current directory is fine when it can be created; `open_storage`
     makes it). Servers: the driver must be
     installed and a connection must open within a few seconds.
 
@@ -220,9 +220,10 @@ def check_reachable(spec: StorageSpec, *, create: bool) -> None:
     """
     if spec.path is not None:
         folder = spec.path.parent
-        if spec.default or (create and not folder.exists()):
-            # made when the storage is opened (the default studies/<study>/, or e.g.
-            # journal:./studies/<study>/journal.log in a fresh directory): check only that it can be
+        if spec.default or (create and not folder.exists() and folder.is_relative_to(Path.cwd())):
+            # made when the storage is opened (the default studies/<study>/, or a folder under the current
+            # one, e.g. journal:./studies/<study>/journal.log in a fresh directory): check only that it can be.
+            # A missing folder elsewhere (sqlite:////no/such/dir/s.db) is more likely a typo: unreachable.
             probe = next((p for p in (folder, *folder.parents) if p.exists()), None)
             if probe is None or not probe.is_dir() or (create and not _writable(probe)):
                 what = "the study folder" if spec.default else f"the folder of storage {spec.display!r},"
@@ -297,11 +298,15 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def open_storage(spec: StorageSpec) -> Any:
-    """An Optuna storage object for `spec` (creates the file/tables if missing)."""
+def open_storage(spec: StorageSpec, *, lock: bool = False) -> Any:
+    """An Optuna storage object for `spec` (creates the file/tables if missing).
+
+    With `lock` (a search, which may start together with others on a new
+    file and race them to create its tables), under `storage_lock`.
+    """
     if spec.path is not None:
         spec.path.parent.mkdir(parents=True, exist_ok=True)
-    with storage_lock(spec):  # processes starting together on a new file would race to create its tables
+    with storage_lock(spec) if lock else contextlib.nullcontext():
         return _open_storage(spec)
 
 

@@ -50,23 +50,29 @@ def test_bad_storage_urls(url: str, fragment: str) -> None:
         resolve_storage(url, "s")
 
 
-def test_unreachable_file_storage_creates_nothing(tmp_path: Path) -> None:
+def test_unreachable_file_storage_creates_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("not a folder\n")
-    below_a_file = tmp_path / "afile" / "sub"
-    for url in (f"sqlite:///{below_a_file}/x.db", f"journal:{below_a_file}/x.log"):
+    for url in ("sqlite:///afile/sub/x.db", "journal:afile/sub/x.log"):
         with pytest.raises(StorageError, match="not a writable folder"):
             check_reachable(resolve_storage(url, "s"), create=True)
-    for url in (f"sqlite:///{tmp_path}/no/x.db", f"journal:{tmp_path}/no/x.log"):  # list/best/report: must exist
+    for url in ("sqlite:///no/x.db", "journal:no/x.log"):  # list/best/report: it must exist
         with pytest.raises(StorageError, match="does not exist"):
             check_reachable(resolve_storage(url, "s"), create=False)
+    monkeypatch.chdir("/proc")  # a missing folder outside the current one is more likely a typo
+    for url in (f"sqlite:///{tmp_path}/no/x.db", f"journal:{tmp_path}/no/x.log"):
+        with pytest.raises(StorageError, match="does not exist"):
+            check_reachable(resolve_storage(url, "s"), create=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
-def test_missing_folder_of_a_new_file_storage_is_created_when_opened(tmp_path: Path) -> None:
+def test_missing_folder_of_a_new_file_storage_is_created_when_opened(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's journal:./studies/<study>/journal.log works in a fresh directory (issue 12, item 14)."""
     import optuna
 
-    for url in (f"journal:{tmp_path}/j/s/journal.log", f"sqlite:///{tmp_path}/q/s/study.db"):
+    monkeypatch.chdir(tmp_path)
+    for url in ("journal:./j/s/journal.log", "sqlite:///q/s/study.db"):
         spec = resolve_storage(url, "s")
         check_reachable(spec, create=True)
         assert not spec.path.parent.exists()  # checking writes nothing
