@@ -37,6 +37,7 @@ CONFIG_FILES = {
     "unknown-key": (_config(n_tensor=3), "unknown LMS config key 'n_tensor'"),
     "wrong-schema": (json.dumps({**GOOD, "schema": "other"}), "key 'schema'='other'"),
     "binary": (None, "invalid LMS config"),
+    "deeply-nested": ("[" * 100_000 + "]" * 100_000, "not valid JSON (nested too deeply)"),
 }
 
 
