@@ -65,18 +65,18 @@ def report_fault_figures(name: str, figures: dict) -> None:
 def format_figures(f: dict) -> str:
     kinds = ", ".join(f"{k}={v}" for k, v in sorted(f.get("faults", {}).items())) or "none"
     return (f"trials attempted {f['attempted']}, faults injected ({kinds}), trials recorded {f['recorded']}, "
-            f"trials lost {f['lost']}, duplicates {f['duplicates']}")
+            f"trials lost {f['lost']}, duplicates {f['duplicates']}, orphans left {f.get('orphans', 0)}")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
     if not FAULT_FIGURES:
         return
     terminalreporter.section("tuner fault-injection figures")
-    total: dict = {"attempted": 0, "recorded": 0, "lost": 0, "duplicates": 0, "faults": {}}
+    total: dict = {"attempted": 0, "recorded": 0, "lost": 0, "duplicates": 0, "orphans": 0, "faults": {}}
     for f in FAULT_FIGURES:
         terminalreporter.write_line(f"{f['test']}: {format_figures(f)}")
-        for key in ("attempted", "recorded", "lost", "duplicates"):
-            total[key] += f[key]
+        for key in ("attempted", "recorded", "lost", "duplicates", "orphans"):
+            total[key] += f.get(key, 0)
         for kind, n in f.get("faults", {}).items():
             total["faults"][kind] = total["faults"].get(kind, 0) + n
     terminalreporter.write_line(f"TOTAL: {format_figures(total)}")
