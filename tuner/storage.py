@@ -152,6 +152,8 @@ def _secrets(url: str) -> list[str]:
     if parsed is not None and parsed.password:
         candidates.append(str(parsed.password))
     candidates += [m.group(2) for m in _QUERY_SECRET.finditer(url)]
+    if raw and "@" in raw:  # SQLAlchemy would take the part after the first "@" for the host: hide its pieces
+        candidates += [piece for piece in raw.split("@") if len(piece) >= 3]
     for secret in candidates:
         if secret and secret != "***":
             found += [secret, unquote(secret), quote(unquote(secret), safe=""), quote(unquote(secret))]
@@ -195,6 +197,10 @@ def resolve_storage(storage: str | None, study: str, *, studies_dir: Path = DEFA
             f"storage {shown!r} is not a URL; use sqlite:///file.db, journal:file.log, "
             "postgresql://user@host/db (or leave --storage out for studies/<study>/study.db)")
     scheme = m.group(1).lower()
+    parsed = _sqlalchemy_url(storage)
+    if parsed is not None and "@" in (parsed.host or ""):
+        raise StorageError(f"storage {shown!r}: the password holds a raw '@', which ends it early; write it as "
+                           "%40 (and any '%' as %25)")
     if scheme not in _RDB_SCHEMES:
         raise StorageError(
             f"storage {shown!r}: unknown scheme {scheme!r}; supported: sqlite, journal, postgresql, mysql")

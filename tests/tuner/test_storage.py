@@ -126,3 +126,45 @@ def test_sqlite_storage_uses_wal(tmp_path: Path) -> None:
     optuna.create_study(study_name="w", storage=open_storage(spec))
     mode = sqlite3.connect(spec.path).execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
+
+
+# Passwords holding every character class a password can hold (issue 12, item 1).
+TRICKY_PASSWORDS = ["Sl4sh/SeKrit", "At@Secret9", "Co:lon:S3c", "Ha#sh#S3c", "Qu?est?S3c", "Pe%rc%S3c",
+                    "Pl+us+S3c", "Sp ace S3c", "Ünï¢ødé-S3c"]
+
+
+def _url_forms(password: str) -> list[str]:
+    """The password as a user may write it in a URL: raw, and %-encoded."""
+    from urllib.parse import quote
+
+    return [f"postgresql://u:{password}@127.0.0.1:55432/db", f"postgresql://u:{quote(password, safe='')}@h:1/db",
+            f"postgresql+psycopg2://u:{quote(password, safe='')}@h/db?sslmode=disable"]
+
+
+def _leaks(text: str, password: str) -> list[str]:
+    from urllib.parse import quote
+
+    forms = {password, quote(password, safe=""), quote(password)}
+    forms |= {part for part in password.replace("@", " ").split() if len(part) >= 4}  # pieces around an '@'
+    return sorted(f for f in forms if f in text)
+
+
+@pytest.mark.parametrize("password", TRICKY_PASSWORDS)
+def test_mask_url_hides_every_kind_of_password(password: str) -> None:
+    for url in _url_forms(password):
+        shown = mask_url(url)
+        assert not _leaks(shown, password), (url, shown)
+        assert shown.startswith(url.split(":", 1)[0] + "://u:***@"), shown
+        message = mask_secrets(f"cannot connect to {url} ({url.replace('postgresql', 'postgresql+psycopg2')}) "
+                               f"as u with password {password}", url)
+        assert not _leaks(message, password), message
+
+
+@pytest.mark.parametrize("password", TRICKY_PASSWORDS)
+def test_list_with_an_unreachable_server_never_prints_the_password(password: str, tmp_path: Path) -> None:
+    from .conftest import run_cli
+
+    url = f"postgresql://u:{password}@127.0.0.1:1/db"
+    proc = run_cli(["list", "--storage", url], cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "u:***@" in proc.stderr and not _leaks(proc.stdout + proc.stderr, password), proc.stderr
