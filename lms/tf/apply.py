@@ -4,9 +4,13 @@ This is the only place that edits a TensorFlow graph. What to swap and when was
 decided elsewhere (`lms.planner.plan_swaps` over the framework-free graph
 model); this module does exactly what the plan says::
 
-    (fwd_op) -> t -> [lms/swap_out/t @host] -> [lms/swap_in/t_i @device] -> (bwd_op)
+    (fwd_op) -> t -> [lms/swap_out/t @host] -> [fwd_op-lms_swap_in_0_i @device] -> (bwd_op)
                                                    ^
                                    (trigger) ......+  control edge
+
+Swap-ins are named after the producer (`lms.plan.swap_op_name`) so that
+Grappler, which sorts the inputs of commutative ops by name, sees each
+consumer's inputs in the order it sees them without LMS; `apply_plan` checks it.
 
 Edit the graph while it is being built (inside the traced Python function,
 before TensorFlow turns it into a function): `lms.function` and `lms.LMSModel`
@@ -28,7 +32,7 @@ from ..plan import Swap, SwapIn, SwapPlan
 from .emulate import emulated_swap_in, emulated_swap_out
 
 __all__ = ["apply_plan", "anchor_triggers", "AppliedPlan", "SWAP_OPS", "HOST_DEVICE", "REWRITABLE_TYPES",
-           "DO_NOT_REMOVE_ATTR", "default_compute_device", "swap_op_names", "optimized_graph_def",
+           "DO_NOT_REMOVE_ATTR", "default_compute_device", "swap_op_names", "is_swap_op_name", "optimized_graph_def",
            "executed_graph_defs"]
 
 log = logging.getLogger(__name__)
@@ -120,7 +124,11 @@ def apply_plan(graph: tf.Graph, plan: SwapPlan, *, swap_ops: str = "emulated",
                 swap_ins.append(si.name)
                 inserted.extend(new_ops)
                 for c in consumers:
+                    before = _canonical_order(c)
                     rerouted += _reroute(c, t, new_t)
+                    if _canonical_order(c) != before:
+                        log.warning("LMS: %s reads %s in another position among its inputs after Grappler sorts "
+                                    "them by name; results may differ in the last bits", c.name, si.name)
                 if si.trigger is not None:
                     graph.get_operation_by_name(new_ops[0])._add_control_input(  # noqa: SLF001
                         _op(graph, si.trigger, what=f"trigger of {si.name}"))
@@ -206,6 +214,19 @@ def _reroute(consumer: tf.Operation, old: tf.Tensor, new: tf.Tensor) -> int:
     return len(indices)
 
 
+def _canonical_order(op: tf.Operation) -> list[int] | None:
+    """Positions of `op`'s data inputs once Grappler sorts them (commutative ops only; else None).
+
+    Grappler's ``CanonicalizeNode`` sorts a commutative op's inputs by their
+    names (``op`` or ``op:k``) before optimizing; which input ends up first
+    decides how its rewrites reassociate ``a * b * c``.
+    """
+    if not op.op_def.is_commutative:
+        return None
+    keys = [t.op.name if t.value_index == 0 else f"{t.op.name}:{t.value_index}" for t in op.inputs]
+    return sorted(range(len(keys)), key=keys.__getitem__)
+
+
 def _protect(op: tf.Operation) -> None:
     """Mark an inserted op for Grappler to leave alone (its dependency optimizer drops identities)."""
     op._set_attr(DO_NOT_REMOVE_ATTR, attr_value_pb2.AttrValue(b=True))  # noqa: SLF001
@@ -233,12 +254,17 @@ def _op(graph: tf.Graph, name: str, *, what: str) -> tf.Operation:
 
 # ---- checking what survived Grappler ------------------------------------------------
 
+def is_swap_op_name(name: str) -> bool:
+    """True for the name of an inserted swap op (``lms/swap_out/...``, ``...-lms_swap_in_...``, and their parts)."""
+    return name.startswith("lms/swap_out/") or "-lms_swap_in_" in name
+
+
 def swap_op_names(graph_def: Any) -> list[str]:
-    """Names of the ``lms/swap_out/...`` and ``lms/swap_in/...`` nodes of a GraphDef (and its library)."""
+    """Names of the swap-out and swap-in nodes (`is_swap_op_name`) of a GraphDef (and its library)."""
     names = [n.name for n in graph_def.node]
     for fdef in graph_def.library.function:
         names.extend(n.name for n in fdef.node_def)
-    return [n for n in names if n.startswith(("lms/swap_out/", "lms/swap_in/"))]
+    return [n for n in names if is_swap_op_name(n)]
 
 
 def optimized_graph_def(concrete_fn: Any) -> Any:

@@ -244,15 +244,19 @@ def _building_function(graph: tf.Graph) -> bool:
 
 
 def _batch_dim(graph: tf.Graph, args: tuple, kwargs: dict) -> int | None:
-    """Static dim 0 of the first tensor argument with rank >= 1 (None if unknown)."""
-    for t in tf.nest.flatten((args, kwargs)):
+    """Static dim 0 of the first tensor argument with rank >= 1 (None if unknown).
+
+    Composite arguments are looked into (a ``MirroredStrategy``'s per-replica
+    values: the batch of one replica).
+    """
+    for t in tf.nest.flatten((args, kwargs), expand_composites=True):
         if tf.is_tensor(t) and t.shape.rank:
             return t.shape[0]
     return None
 
 
 def _call_batch(args: tuple, kwargs: dict) -> int | None:
-    for t in tf.nest.flatten((args, kwargs)):
+    for t in tf.nest.flatten((args, kwargs), expand_composites=True):
         shape = getattr(t, "shape", None)
         if shape is not None and len(shape) >= 1 and shape[0] is not None:
             return int(shape[0])
