@@ -50,7 +50,7 @@ class AppliedPlan:
         swap_outs: names of the inserted swap-out ops (plan order).
         swap_ins: names of the inserted swap-in ops (the ops consumers read).
         inserted_ops: every inserted op (emulated: a swap-out is a copy and a shape op; a
-            swap-in is a DeepCopy, plus a transfer and a shape op with a bandwidth).
+            swap-in is a Snapshot copy, plus a transfer and a shape op with a bandwidth).
         rerouted_inputs: consumer inputs now reading a swap-in.
         triggers: control edges added (trigger op -> swap-in op).
         swap_ops: ``"device"`` or ``"emulated"``.
@@ -166,7 +166,7 @@ def _insert_swap_in(graph: tf.Graph, host: tf.Tensor, like: tf.Tensor, si: SwapI
     """``[swap_out] -> h``  becomes  ``[swap_out] -> h -> [lms/swap_in/t_i @device]``.
 
     Returns the new tensor and the inserted op names, the op that takes the
-    trigger (the first to run) first. Emulated: ``h -> [<name>: DeepCopy]``, with a
+    trigger (the first to run) first. Emulated: ``h -> [<name>: Snapshot]``, with a
     bandwidth ``h -> [<name>/transfer] -> [<name>/shaped] -> [<name>]`` (see `lms.tf.emulate`).
     """
     _check_free_name(graph, si.name)
@@ -185,7 +185,7 @@ def _insert_swap_in(graph: tf.Graph, host: tf.Tensor, like: tf.Tensor, si: SwapI
     acd = getattr(graph, "experimental_acd_manager", None)
     for op in ops:
         if acd is not None and op.op_def.is_stateful:
-            # DeepCopy is stateful: without this, automatic control dependencies would
+            # A stateful swap op (none today): without this, automatic control dependencies would
             # chain every swap-in after the previously created stateful op (cycles).
             acd.run_independently(op)
     return new_t, [op.name for op in ops]

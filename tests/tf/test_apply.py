@@ -75,7 +75,7 @@ def test_emulated_ops_keep_shapes(shape, bandwidth):
     # The shape goes back on for Grappler: a static EnsureShape, or a Reshape to Shape(t).
     shaped = graph.get_operation_by_name("lms/swap_out/t/shaped")
     assert shaped.type == ("EnsureShape" if None not in shape else "Reshape")
-    assert back.op.type == "DeepCopy" and back.op.name == "lms/swap_in/t_0"
+    assert back.op.type == "Snapshot" and back.op.name == "lms/swap_in/t_0"
     names = {op.name for op in graph.get_operations()}
     assert ("lms/swap_in/t_0/transfer" in names) == (bandwidth is not None)
 
@@ -223,7 +223,7 @@ def test_apply_inserts_reroutes_and_triggers(cases, swap_ops, fused):
     assert applied.triggers == len(swap.swap_ins)
     for si in swap.swap_ins:
         in_op = g.get_operation_by_name(si.name)
-        assert in_op.type == ("DeepCopy" if swap_ops == "emulated" else "Identity")
+        assert in_op.type == ("Snapshot" if swap_ops == "emulated" else "Identity")
         assert [c.name for c in in_op.control_inputs] == [si.trigger]
         for c in si.consumers:
             inputs = [t.name for t in g.get_operation_by_name(c).inputs]
