@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping
 
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 
 from ..config import LMSConfig
 from ..graph import Graph
@@ -53,6 +54,12 @@ __all__ = ["function", "LMSFunction", "LMSSummary", "SwappedTensor", "as_config"
 log = logging.getLogger(__name__)
 
 _MiB = 1 << 20
+
+_EAGER_NOTE = ("running eagerly (tf.config.run_functions_eagerly(True) or called outside a traced function): "
+               "LMS rewrites traced graphs only, nothing swapped")
+_XLA_MESSAGE = ("LMS cannot rewrite a step compiled by XLA: {owner} is called inside a function with "
+                "jit_compile=True, which compiles it as one cluster and bypasses graph-level swap ops; "
+                "call it outside that function or use jit_compile=False")
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,8 @@ class LMSSummary:
         batch_size: batch the sizes refer to.
         swap_ops: ``"device"`` or ``"emulated"``.
         swapped: one entry per swapped tensor.
+        note: why nothing was swapped when LMS did not run (running eagerly,
+            ``n_tensors=0``); empty otherwise.
     """
 
     n_swapped: int
@@ -97,6 +106,7 @@ class LMSSummary:
     batch_size: int
     swap_ops: str
     swapped: tuple[SwappedTensor, ...]
+    note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -105,7 +115,7 @@ class LMSSummary:
         return out
 
     @classmethod
-    def from_plan(cls, plan: SwapPlan, *, swap_ops: str) -> "LMSSummary":
+    def from_plan(cls, plan: SwapPlan, *, swap_ops: str, note: str = "") -> "LMSSummary":
         swapped = tuple(
             SwappedTensor(tensor=s.tensor, bytes=s.nbytes, kind=s.kind, consumers=s.consumers,
                           trigger=s.swap_ins[0].trigger if s.swap_ins else None,
@@ -113,7 +123,7 @@ class LMSSummary:
             for s in plan.swaps)
         return cls(n_swapped=plan.n_swapped, swapped_bytes=plan.swapped_bytes, n_swap_ins=plan.n_swap_ins,
                    n_candidates=plan.n_candidates, batch_size=plan.batch_size, swap_ops=swap_ops,
-                   swapped=swapped)
+                   swapped=swapped, note=note)
 
 
 def as_config(config: Any) -> LMSConfig:
@@ -154,6 +164,7 @@ class _Rewriter:
         self.owner = owner
         self.last: _Trace | None = None
         self._lock = threading.Lock()
+        self._warned_eager = False
 
     @tf.autograph.experimental.do_not_convert
     def session(self, args: tuple, kwargs: dict, *, batch_hint: int | None) -> "_Session":
@@ -193,8 +204,20 @@ class _Rewriter:
         batch = _batch_dim(graph, args, kwargs) or batch_hint or 1
         plan = SwapPlan(config=self.config, batch_size=batch, graph_name=self.owner)
         with self._lock:
-            self.last = _Trace(None, plan, None, LMSSummary.from_plan(plan, swap_ops=self.swap_ops), {})
+            self.last = _Trace(None, plan, None, LMSSummary.from_plan(plan, swap_ops=self.swap_ops,
+                                                                      note="LMS off (n_tensors=0)"), {})
         log.info("LMS: off (n_tensors=0) in %s", self.owner)
+
+    def set_eager(self, args: tuple, kwargs: dict, *, batch_hint: int | None) -> None:
+        """Record an empty plan for a step running eagerly; warn the first time only."""
+        batch = _call_batch(args, kwargs) or batch_hint or 1
+        plan = SwapPlan(config=self.config, batch_size=batch, graph_name=self.owner)
+        with self._lock:
+            self.last = _Trace(None, plan, None, LMSSummary.from_plan(plan, swap_ops=self.swap_ops,
+                                                                      note=_EAGER_NOTE), {})
+            warn, self._warned_eager = not self._warned_eager, True
+        if warn:
+            log.warning("%s: %s", self.owner, _EAGER_NOTE)
 
 
 class _Session:
@@ -213,8 +236,10 @@ class _Session:
         rw = self._rewriter
         graph = tf.compat.v1.get_default_graph()
         if tf.executing_eagerly() or not _building_function(graph):
-            log.warning("%s: running eagerly; LMS rewrites traced graphs only, nothing swapped", rw.owner)
+            rw.set_eager(self._args, self._kwargs, batch_hint=self._batch_hint)
             return self
+        if control_flow_util.GraphOrParentsInXlaContext(graph):
+            raise ValueError(_XLA_MESSAGE.format(owner=rw.owner))
         if not rw.config.enabled:
             rw.set_disabled(self._args, self._kwargs, graph=graph, batch_hint=self._batch_hint)
             return self

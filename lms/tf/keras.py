@@ -46,6 +46,9 @@ _JIT_MESSAGE = ("LMS cannot rewrite an XLA-compiled step (jit_compile=True bypas
 class KerasLMS(_LatestTrace):
     """LMS state of one Keras model: config, and what the latest traced train step swapped.
 
+    Under a ``tf.distribute`` strategy each replica's train step is rewritten on
+    its own; `summary` is the latest replica's.
+
     Attributes:
         config: the `LMSConfig`.
         swap_ops: ``"emulated"`` or ``"device"``.

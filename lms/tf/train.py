@@ -66,6 +66,7 @@ class GradientRecord:
     backward_ops: list[str] = field(default_factory=list)
     calls: int = 0
     lock: Any = field(default_factory=threading.RLock, repr=False)
+    thread: threading.Thread = field(default_factory=threading.current_thread, repr=False)
 
 
 # Active records of all threads: a `tf.distribute.MirroredStrategy` traces each replica's
@@ -82,6 +83,10 @@ def _recording_gradient(tape: backprop.GradientTape, target: Any, *args: Any, **
     graph = tf_ops.get_default_graph()
     with _patch_lock:
         mine = [r for r in _records if r.graph is graph]
+        # Records of the calling thread first: under ``fit`` with a MirroredStrategy each
+        # replica's train step records its own replica; a step that calls ``strategy.run``
+        # records the calls of every replica thread.
+        mine = [r for r in mine if r.thread is threading.current_thread()] or mine
     if not mine:
         return _original_gradient(tape, target, *args, **kwargs)
     with mine[0].lock:  # replica threads build into one graph: keep each call's new ops apart
@@ -103,7 +108,8 @@ class record_gradients:  # noqa: N801 - used like a function: ``with record_grad
     ``GradientTape.gradient`` is patched only while at least one recorder is
     active (in any thread) and restored afterwards. Calls building `graph` are
     recorded from any thread (``MirroredStrategy`` traces each replica in its
-    own); calls in eager mode or building another graph pass straight through.
+    own), by the recorders of the calling thread if it has some, else by the
+    others; calls in eager mode or building another graph pass straight through.
 
     Args:
         graph: the graph to record; default: the current default graph.
