@@ -483,7 +483,9 @@ def mirrored_worker() -> dict[str, Any]:
             "differences": loop_base.differences(got), "n_swapped": step.summary.n_swapped,
             "batch_size": step.summary.batch_size,
             "devices": sorted({"replica_1" if s.tensor.startswith("replica_1/") else "replica_0"
-                               for s in step.summary.swapped})}
+                               for s in step.summary.swapped}),
+            "cross_replica_triggers": sum(("replica_1/" in (si.trigger or "")) != ("replica_1/" in si.consumers[0])
+                                          for s in step.plan.swaps for si in s.swap_ins)}
         got, model_ = fit_run(lambda m: lms.enable_lms(m, config, emulate=emulate))
         out[f"mirrored_fit/{name}"] = {"differences": fit_base.differences(got),
                                        "n_swapped": model_.lms.summary.n_swapped}

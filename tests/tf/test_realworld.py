@@ -107,6 +107,7 @@ def test_mirrored_strategy_custom_loop_rewrites_each_replica_bitwise(mirrored_re
     result = mirrored_results[f"mirrored_loop/{config_name}"]
     assert result["differences"] == []
     assert result["n_swapped"] > 0 and result["devices"] == ["replica_0", "replica_1"]
+    assert result["cross_replica_triggers"] == 0  # a replica's swap-ins wait for its own ops only
     assert result["batch_size"] == 4  # one replica's share of the global batch of 8
 
 
