@@ -9,6 +9,7 @@ equal bit for bit, and something must have been swapped.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -52,12 +53,14 @@ def fits():
 
 @pytest.mark.parametrize("config_name", list(CONFIGS))
 @pytest.mark.parametrize("name", list(LOOPS))
-def test_custom_loop_trains_bitwise_identically(loops, name, config_name):
+def test_custom_loop_trains_bitwise_identically(loops, name, config_name, caplog):
     loop, baseline = loops[name]
     config, emulate = lms_config(config_name)
-    got, step = loop.run(lambda f: lms.function(f, config=config, emulate=emulate))
+    with caplog.at_level(logging.WARNING, logger="lms.tf.apply"):
+        got, step = loop.run(lambda f: lms.function(f, config=config, emulate=emulate))
     assert baseline.differences(got) == []
     assert step.summary.n_swapped > 0
+    assert not [r for r in caplog.records if "another position" in r.getMessage()]  # swap-in names sort right
 
 
 @pytest.mark.parametrize("config_name", list(CONFIGS))
