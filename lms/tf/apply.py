@@ -31,7 +31,7 @@ from ..anchor import REWRITABLE_TYPES, anchor_triggers  # noqa: F401  (re-export
 from ..plan import Swap, SwapIn, SwapPlan
 from .emulate import emulated_swap_in, emulated_swap_out
 
-__all__ = ["apply_plan", "anchor_triggers", "AppliedPlan", "SWAP_OPS", "HOST_DEVICE", "REWRITABLE_TYPES",
+__all__ = ["apply_plan", "observe_swapped_size", "anchor_triggers", "AppliedPlan", "SWAP_OPS", "HOST_DEVICE", "REWRITABLE_TYPES",
            "DO_NOT_REMOVE_ATTR", "default_compute_device", "swap_op_names", "is_swap_op_name", "optimized_graph_def",
            "executed_graph_defs"]
 
@@ -250,6 +250,38 @@ def _op(graph: tf.Graph, name: str, *, what: str) -> tf.Operation:
         return graph.get_operation_by_name(name)
     except (KeyError, ValueError):
         raise ValueError(f"{what}: op {name!r} is not in the graph") from None
+
+
+def observe_swapped_size(graph: tf.Graph, swap: Swap, callback: Callable[[int], None]) -> None:
+    """Call ``callback(nbytes)`` with the swapped tensor's size each time the step runs.
+
+    For a batch unknown at trace time. Reads the size of the swap-out's host
+    copy, an inserted op, so that no op of the step gains a reader::
+
+        [lms/swap_out/t] -> h -> [lms/swap_out/t/observe/size] -> [lms/swap_out/t/observe]
+                                                                  ..> [first swap-in of t]
+
+    The control edge keeps the observer in the step (and cannot make a cycle:
+    the swap-in reads ``h`` anyway). Apply `swap` first.
+    """
+    out = graph.get_operation_by_name(swap.swap_out)
+    try:  # emulated: the swap-ins read its /shaped op
+        host = graph.get_operation_by_name(f"{swap.swap_out}/shaped").outputs[0]
+    except KeyError:
+        host = out.outputs[0]
+    itemsize = host.dtype.size
+
+    def observe(size: Any) -> Any:
+        callback(int(size) * itemsize)
+        return size
+
+    with graph.as_default(), record.stop_recording(), graph.name_scope(None), graph.control_dependencies(None), \
+            graph.colocate_with(None, ignore_existing=True), graph.device(HOST_DEVICE):
+        size = tf.size(host, out_type=tf.int64, name=f"{swap.swap_out}/observe/size")
+        seen = tf.numpy_function(observe, [size], tf.int64, stateful=False, name=f"{swap.swap_out}/observe")
+    for op in (size.op, seen.op):
+        _protect(op)
+    graph.get_operation_by_name(swap.swap_ins[0].name)._add_control_input(seen.op)  # noqa: SLF001
 
 
 # ---- checking what survived Grappler ------------------------------------------------

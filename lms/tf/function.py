@@ -38,15 +38,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2
-from tensorflow.python.eager import record
 from tensorflow.python.ops import control_flow_util
 
 from ..config import LMSConfig
 from ..graph import Graph
 from ..plan import SwapPlan
 from ..planner import plan_swaps
-from .apply import DO_NOT_REMOVE_ATTR, HOST_DEVICE, AppliedPlan, apply_plan
+from .apply import AppliedPlan, apply_plan, observe_swapped_size
 from .emulate import default_emulate
 from .extract import extract_graph
 from .train import GradientRecord, record_gradients
@@ -213,7 +211,7 @@ class _Rewriter:
         with self._lock:
             self.last = trace
         if symbolic and not batch_hint:
-            observing = _observe_batch(graph, model, plan, applied, trace, owner=self.owner)
+            observing = _observe_batch(graph, model, plan, trace, owner=self.owner)
             log.info("LMS: swapped %d tensors (%s per sample; the batch is unknown until the step runs%s) of "
                      "%d candidates with %d swap-ins (%s swap ops) in %s; extract+plan+apply %.2f s",
                      plan.n_swapped, _format_bytes(_per_sample_bytes(model, plan)),
@@ -297,54 +295,28 @@ def _format_bytes(n: int) -> str:
     return f"{n / _MiB:.2f} MiB" if n >= _MiB else f"{n / 1024:.1f} KiB"
 
 
-def _observe_batch(graph: tf.Graph, model: Graph, plan: SwapPlan, applied: AppliedPlan | None,
-                   trace: _Trace, *, owner: str) -> bool:
+def _observe_batch(graph: tf.Graph, model: Graph, plan: SwapPlan, trace: _Trace, *, owner: str) -> bool:
     """When the batch is unknown at trace time (``fit`` on a ``tf.data`` pipeline), learn it when the step runs.
 
-    Reads the size of one swapped tensor's host copy (an inserted op, so no op
-    of the step gains a reader)::
-
-        [lms/swap_out/t] -> h -> [Size] -> [lms/observe_batch: numpy_function] ..> [first swap-in of t]
-
-    and records ``(bytes - fixed) / per_sample`` in ``trace.observed`` (the
-    summary then reports the bytes at that batch; logged once). Returns False
-    when no swapped tensor scales with the batch.
+    One swapped tensor's host copy reports its size (`lms.tf.apply.observe_swapped_size`);
+    ``(bytes - fixed) / per_sample`` of the first step that runs goes into
+    ``trace.observed`` (the summary then reports the bytes at that batch; logged
+    once). Returns False when no swapped tensor scales with the batch.
     """
     swap = next((s for s in plan.swaps if model.tensors[s.tensor].per_sample_bytes > 0 and s.swap_ins), None)
-    if swap is None or applied is None:
+    if swap is None:
         return False
     t = model.tensors[swap.tensor]
-    host = graph.get_operation_by_name(swap.swap_out)
-    host_t = _last_output(graph, host)
-    itemsize = host_t.dtype.size
-    first_in = graph.get_operation_by_name(swap.swap_ins[0].name)
-    summary_log = logging.getLogger(__name__)
 
-    def observe(size: Any) -> Any:
+    def observe(nbytes: int) -> None:
         if "batch" not in trace.observed:
-            batch = (int(size) * itemsize - t.fixed_bytes) // t.per_sample_bytes
-            trace.observed["batch"] = max(int(batch), 1)
+            trace.observed["batch"] = max((nbytes - t.fixed_bytes) // t.per_sample_bytes, 1)
             summary = trace.current_summary()
-            summary_log.info("LMS: %s swaps %.1f MiB at batch %d (the batch of the first step that ran)",
-                             owner, summary.swapped_bytes / _MiB, summary.batch_size)
-        return size
+            log.info("LMS: %s swaps %.1f MiB at batch %d (the batch of the first step that ran)",
+                     owner, summary.swapped_bytes / _MiB, summary.batch_size)
 
-    with graph.as_default(), record.stop_recording(), graph.name_scope(None), graph.control_dependencies(None), \
-            graph.colocate_with(None, ignore_existing=True), graph.device(HOST_DEVICE):
-        size = tf.size(host_t, out_type=tf.int64, name=f"{swap.swap_out}/observe_batch/size")
-        seen = tf.numpy_function(observe, [size], tf.int64, stateful=False, name=f"{swap.swap_out}/observe_batch")
-    for op in (size.op, seen.op):
-        op._set_attr(DO_NOT_REMOVE_ATTR, attr_value_pb2.AttrValue(b=True))  # noqa: SLF001
-    first_in._add_control_input(seen.op)  # noqa: SLF001 - keeps it in the step; runs once h exists
+    observe_swapped_size(graph, swap, observe)
     return True
-
-
-def _last_output(graph: tf.Graph, swap_out: tf.Operation) -> tf.Tensor:
-    """The host tensor a swap-out hands to its swap-ins (emulated: its ``/shaped`` op)."""
-    try:
-        return graph.get_operation_by_name(f"{swap_out.name}/shaped").outputs[0]
-    except KeyError:
-        return swap_out.outputs[0]
 
 
 def _building_function(graph: tf.Graph) -> bool:

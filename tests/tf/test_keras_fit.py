@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import numpy as np
@@ -30,6 +31,13 @@ def _graph(seed: int = 7):
     h = keras.layers.ReLU()(keras.layers.Add()([h, r]))
     h = keras.layers.GlobalAveragePooling2D()(h)
     return inputs, keras.layers.Dense(3)(h)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collect_models_at_the_end():
+    """Keras models hold reference cycles: free them here, not while a later test measures the allocator."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ equal bit for bit, and something must have been swapped.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import subprocess
@@ -42,6 +43,7 @@ def loops():
     built = _Built(LOOPS)
     yield built
     built.clear()
+    gc.collect()  # Keras models hold reference cycles: not while a later test measures the allocator
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +51,7 @@ def fits():
     built = _Built(FITS)
     yield built
     built.clear()
+    gc.collect()
 
 
 @pytest.mark.parametrize("config_name", list(CONFIGS))
