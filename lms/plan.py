@@ -4,7 +4,7 @@ which op triggers each swap-in. Frozen data; no TensorFlow.
 A plan is applied to a TensorFlow graph by `lms.tf.apply`, and to the graph
 model by `rewrite_graph` (used by `SwapPlan.validate` and by the simulator)::
 
-    (fwd_op) -> t -> [lms/swap_out/t @host] -> [lms/swap_in/t @device] -> (bwd_op)
+    (fwd_op) -> t -> [lms/swap_out/t @host] -> [fwd_op-lms_swap_in_0 @device] -> (bwd_op)
                                                   ^
                                   (trigger) ------+  control edge
 """
@@ -31,11 +31,32 @@ class PlanError(ValueError):
 
 
 def swap_op_name(kind: str, tensor: str, index: int | None = None) -> str:
-    """Predictable op names: ``lms/swap_out/<tensor>``, ``lms/swap_in/<tensor>[_i]``.
+    """Predictable op names: ``lms/swap_out/<tensor>`` and ``<producer>-lms_swap_in_<output>_<i>``.
 
-    ``<tensor>`` is the tensor name with ``:`` -> ``_`` and characters TF does not
-    allow in op names replaced by ``_``.
+    A swap-out is named ``lms/swap_out/<tensor>``, ``<tensor>`` being the tensor
+    name with ``:`` -> ``_`` and characters TF does not allow in op names replaced
+    by ``_``.
+
+    A swap-in is the op its consumers read, and its name has to sort among the
+    consumer's other inputs where the swapped tensor's name did: Grappler sorts the
+    inputs of commutative ops (``Mul``, ``AddV2``, ``AddN``, ...) by name before
+    it optimizes (``CanonicalizeNode``), and later rewrites take operands by
+    position (constant push-down ``C * (X * Y) -> X * (C * Y)`` picks X as the
+    first input; the broadcast minimizer pairs leaves in that order). A swap-in
+    named ``lms/...`` moved to another position and changed the arithmetic
+    (``a*b*c`` summed in another order: last-bit differences). So the name starts
+    with the producer's op name followed by ``-``, the smallest character TF
+    allows in a name: it sorts right after the producer and before any other
+    input that has the producer's name as a prefix (``<op>:1``, ``<op>/x``,
+    ``<op>_1``). `lms.tf.apply` checks the order of every commutative consumer.
     """
+    if kind == "swap_in":
+        op, _, output = tensor.rpartition(":")
+        if not op or not output.isdigit():
+            op, output = tensor, "0"
+        base = re.sub(r"[^A-Za-z0-9_./>-]", "_", op)
+        name = f"{base}-lms_swap_in_{output}"
+        return name if index is None else f"{name}_{index}"
     base = re.sub(r"[^A-Za-z0-9_./-]", "_", tensor.replace(":", "_"))
     name = f"lms/{kind}/{base}"
     return name if index is None else f"{name}_{index}"

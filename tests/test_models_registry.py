@@ -308,3 +308,14 @@ def test_parse_options():
         parse_options(["image_size"])
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         parse_options(["1x=2"])
+
+
+def test_user_model_file_imports_a_module_beside_it(tmp_path):
+    """As ``python file.py`` would: the file's folder is on the import path while it loads (only then)."""
+    (tmp_path / "beside_issue11.py").write_text("WIDTH = 12\n")
+    (tmp_path / "model.py").write_text(
+        Path(EXAMPLE).read_text() + "\n\nfrom beside_issue11 import WIDTH  # noqa: E402\n\n\n"
+        "def make_beside():\n    return make_workload(width=WIDTH)\n")
+    workload = load_workload(f"{tmp_path / 'model.py'}:make_beside")
+    assert workload.options["width"] == 12
+    assert str(tmp_path) not in sys.path

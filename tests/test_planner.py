@@ -2,7 +2,7 @@ import pytest
 
 from lms import LMSConfig, PlanError, Role, plan_swaps
 from lms.graph import GraphBuilder, GraphError
-from lms.plan import Swap, SwapIn, SwapPlan, rewrite_graph, SWAP_IN_TYPE, SWAP_OUT_TYPE
+from lms.plan import Swap, SwapIn, SwapPlan, rewrite_graph, SWAP_IN_TYPE, SWAP_OUT_TYPE, swap_op_name
 from tests.synthetic import chain, diamond, long_skip, residual
 
 GRAPHS = {
@@ -285,3 +285,16 @@ def test_branch_swap_in_names_are_unique_when_some_groups_find_no_trigger():
     plan.validate(g)
     names = [si.name for s in plan.swaps for si in s.swap_ins]
     assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("tensor,producer_input", [
+    ("Exp:0", "Exp"), ("functional/mha/softmax/Softmax:0", "functional/mha/softmax/Softmax"),
+    ("bn/FusedBatchNormV3:1", "bn/FusedBatchNormV3:1"),
+])
+def test_swap_in_names_sort_among_other_inputs_where_the_tensor_did(tensor, producer_input):
+    """Grappler sorts a commutative op's inputs by name: a swap-in must not move (issue 11)."""
+    others = ["gradient_tape/mul_1/Mul", "a", "zeta", "Exp_1", "Exp/x", "functional/mha/softmax/Softmax_1",
+              "functional/mha/softmax/Softmax/sub", "bn/FusedBatchNormV3", "bn/FusedBatchNormV3_1", "mul/x"]
+    name = swap_op_name("swap_in", tensor, 2)
+    assert [name < o for o in others] == [producer_input < o for o in others]
+    assert not name.startswith("lms/")

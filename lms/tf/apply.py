@@ -4,9 +4,13 @@ This is the only place that edits a TensorFlow graph. What to swap and when was
 decided elsewhere (`lms.planner.plan_swaps` over the framework-free graph
 model); this module does exactly what the plan says::
 
-    (fwd_op) -> t -> [lms/swap_out/t @host] -> [lms/swap_in/t_i @device] -> (bwd_op)
+    (fwd_op) -> t -> [lms/swap_out/t @host] -> [fwd_op-lms_swap_in_0_i @device] -> (bwd_op)
                                                    ^
                                    (trigger) ......+  control edge
+
+Swap-ins are named after the producer (`lms.plan.swap_op_name`) so that
+Grappler, which sorts the inputs of commutative ops by name, sees each
+consumer's inputs in the order it sees them without LMS; `apply_plan` checks it.
 
 Edit the graph while it is being built (inside the traced Python function,
 before TensorFlow turns it into a function): `lms.function` and `lms.LMSModel`
@@ -27,8 +31,8 @@ from ..anchor import REWRITABLE_TYPES, anchor_triggers  # noqa: F401  (re-export
 from ..plan import Swap, SwapIn, SwapPlan
 from .emulate import emulated_swap_in, emulated_swap_out
 
-__all__ = ["apply_plan", "anchor_triggers", "AppliedPlan", "SWAP_OPS", "HOST_DEVICE", "REWRITABLE_TYPES",
-           "DO_NOT_REMOVE_ATTR", "default_compute_device", "swap_op_names", "optimized_graph_def",
+__all__ = ["apply_plan", "observe_swapped_size", "anchor_triggers", "AppliedPlan", "SWAP_OPS", "HOST_DEVICE", "REWRITABLE_TYPES",
+           "DO_NOT_REMOVE_ATTR", "default_compute_device", "swap_op_names", "is_swap_op_name", "optimized_graph_def",
            "executed_graph_defs"]
 
 log = logging.getLogger(__name__)
@@ -46,7 +50,7 @@ class AppliedPlan:
         swap_outs: names of the inserted swap-out ops (plan order).
         swap_ins: names of the inserted swap-in ops (the ops consumers read).
         inserted_ops: every inserted op (emulated: a swap-out is a copy and a shape op; a
-            swap-in is a DeepCopy, plus a transfer and a shape op with a bandwidth).
+            swap-in is a Snapshot copy, plus a transfer and a shape op with a bandwidth).
         rerouted_inputs: consumer inputs now reading a swap-in.
         triggers: control edges added (trigger op -> swap-in op).
         swap_ops: ``"device"`` or ``"emulated"``.
@@ -120,7 +124,11 @@ def apply_plan(graph: tf.Graph, plan: SwapPlan, *, swap_ops: str = "emulated",
                 swap_ins.append(si.name)
                 inserted.extend(new_ops)
                 for c in consumers:
+                    before = _canonical_order(c)
                     rerouted += _reroute(c, t, new_t)
+                    if _canonical_order(c) != before:
+                        log.warning("LMS: %s reads %s in another position among its inputs after Grappler sorts "
+                                    "them by name; results may differ in the last bits", c.name, si.name)
                 if si.trigger is not None:
                     graph.get_operation_by_name(new_ops[0])._add_control_input(  # noqa: SLF001
                         _op(graph, si.trigger, what=f"trigger of {si.name}"))
@@ -158,7 +166,7 @@ def _insert_swap_in(graph: tf.Graph, host: tf.Tensor, like: tf.Tensor, si: SwapI
     """``[swap_out] -> h``  becomes  ``[swap_out] -> h -> [lms/swap_in/t_i @device]``.
 
     Returns the new tensor and the inserted op names, the op that takes the
-    trigger (the first to run) first. Emulated: ``h -> [<name>: DeepCopy]``, with a
+    trigger (the first to run) first. Emulated: ``h -> [<name>: Snapshot]``, with a
     bandwidth ``h -> [<name>/transfer] -> [<name>/shaped] -> [<name>]`` (see `lms.tf.emulate`).
     """
     _check_free_name(graph, si.name)
@@ -177,7 +185,7 @@ def _insert_swap_in(graph: tf.Graph, host: tf.Tensor, like: tf.Tensor, si: SwapI
     acd = getattr(graph, "experimental_acd_manager", None)
     for op in ops:
         if acd is not None and op.op_def.is_stateful:
-            # DeepCopy is stateful: without this, automatic control dependencies would
+            # A stateful swap op (none today): without this, automatic control dependencies would
             # chain every swap-in after the previously created stateful op (cycles).
             acd.run_independently(op)
     return new_t, [op.name for op in ops]
@@ -206,6 +214,19 @@ def _reroute(consumer: tf.Operation, old: tf.Tensor, new: tf.Tensor) -> int:
     return len(indices)
 
 
+def _canonical_order(op: tf.Operation) -> list[int] | None:
+    """Positions of `op`'s data inputs once Grappler sorts them (commutative ops only; else None).
+
+    Grappler's ``CanonicalizeNode`` sorts a commutative op's inputs by their
+    names (``op`` or ``op:k``) before optimizing; which input ends up first
+    decides how its rewrites reassociate ``a * b * c``.
+    """
+    if not op.op_def.is_commutative:
+        return None
+    keys = [t.op.name if t.value_index == 0 else f"{t.op.name}:{t.value_index}" for t in op.inputs]
+    return sorted(range(len(keys)), key=keys.__getitem__)
+
+
 def _protect(op: tf.Operation) -> None:
     """Mark an inserted op for Grappler to leave alone (its dependency optimizer drops identities)."""
     op._set_attr(DO_NOT_REMOVE_ATTR, attr_value_pb2.AttrValue(b=True))  # noqa: SLF001
@@ -231,14 +252,51 @@ def _op(graph: tf.Graph, name: str, *, what: str) -> tf.Operation:
         raise ValueError(f"{what}: op {name!r} is not in the graph") from None
 
 
+def observe_swapped_size(graph: tf.Graph, swap: Swap, callback: Callable[[int], None]) -> None:
+    """Call ``callback(nbytes)`` with the swapped tensor's size each time the step runs.
+
+    For a batch unknown at trace time. Reads the size of the swap-out's host
+    copy, an inserted op, so that no op of the step gains a reader::
+
+        [lms/swap_out/t] -> h -> [lms/swap_out/t/observe/size] -> [lms/swap_out/t/observe]
+                                                                  ..> [first swap-in of t]
+
+    The control edge keeps the observer in the step (and cannot make a cycle:
+    the swap-in reads ``h`` anyway). Apply `swap` first.
+    """
+    out = graph.get_operation_by_name(swap.swap_out)
+    try:  # emulated: the swap-ins read its /shaped op
+        host = graph.get_operation_by_name(f"{swap.swap_out}/shaped").outputs[0]
+    except KeyError:
+        host = out.outputs[0]
+    itemsize = host.dtype.size
+
+    def observe(size: Any) -> Any:
+        callback(int(size) * itemsize)
+        return size
+
+    with graph.as_default(), record.stop_recording(), graph.name_scope(None), graph.control_dependencies(None), \
+            graph.colocate_with(None, ignore_existing=True), graph.device(HOST_DEVICE):
+        size = tf.size(host, out_type=tf.int64, name=f"{swap.swap_out}/observe/size")
+        seen = tf.numpy_function(observe, [size], tf.int64, stateful=False, name=f"{swap.swap_out}/observe")
+    for op in (size.op, seen.op):
+        _protect(op)
+    graph.get_operation_by_name(swap.swap_ins[0].name)._add_control_input(seen.op)  # noqa: SLF001
+
+
 # ---- checking what survived Grappler ------------------------------------------------
 
+def is_swap_op_name(name: str) -> bool:
+    """True for the name of an inserted swap op (``lms/swap_out/...``, ``...-lms_swap_in_...``, and their parts)."""
+    return name.startswith("lms/swap_out/") or "-lms_swap_in_" in name
+
+
 def swap_op_names(graph_def: Any) -> list[str]:
-    """Names of the ``lms/swap_out/...`` and ``lms/swap_in/...`` nodes of a GraphDef (and its library)."""
+    """Names of the swap-out and swap-in nodes (`is_swap_op_name`) of a GraphDef (and its library)."""
     names = [n.name for n in graph_def.node]
     for fdef in graph_def.library.function:
         names.extend(n.name for n in fdef.node_def)
-    return [n for n in names if n.startswith(("lms/swap_out/", "lms/swap_in/"))]
+    return [n for n in names if is_swap_op_name(n)]
 
 
 def optimized_graph_def(concrete_fn: Any) -> Any:

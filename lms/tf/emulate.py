@@ -16,7 +16,7 @@ pair really takes the bytes out of TF's allocator (the one
                    [<in>/transfer]           only with a bandwidth: numpy_function that
                          |                   sleeps nbytes/bandwidth and hands the buffer on
                          v
-                   [<in>: DeepCopy]          a fresh copy in TF's allocator -> (bwd)
+                   [<in>: Snapshot]          a fresh copy in TF's allocator -> (bwd)
 
 Design:
 - Swap-out is ``tf.numpy_function(..., stateful=False)``: it copies the data into
@@ -32,12 +32,12 @@ Design:
   swap-out's output goes through ``EnsureShape`` (static shape) or ``Reshape``
   to ``Shape(t)`` (unknown dims, tied to ``t``'s): both forward the buffer,
   no copy, no allocation.
-- Swap-in is ``tf.raw_ops.DeepCopy``, which allocates the device copy in TF's
-  allocator, as a host-to-device transfer would. ``DeepCopy`` is stateful;
-  `lms.tf.apply` exempts it from automatic control dependencies (which would
-  chain every stateful op in creation order and create cycles). The numpy
-  functions are stateless (``stateful=False``) for the same reason: a
-  ``tf.py_function`` is stateful.
+- Swap-in is ``tf.raw_ops.Snapshot``, which allocates the device copy in TF's
+  allocator, as a host-to-device transfer would (it could only forward a buffer
+  TF owns; the host copy is numpy's). It is stateless, like the swap-out: a
+  stateful copy (``DeepCopy``, used before) changed how Grappler optimized the
+  ops around it and broke bitwise equality of a two-tape GAN, and automatic
+  control dependencies would chain stateful ops in creation order (cycles).
 - ``bandwidth`` (bytes/s) makes the swap-out, and each swap-in's extra
   ``transfer`` op, sleep ``nbytes / bandwidth`` seconds; ``time.sleep`` releases
   the GIL, so compute goes on meanwhile, as with a DMA engine.
@@ -115,14 +115,14 @@ def emulated_swap_in(h: tf.Tensor, *, like: tf.Tensor, name: str,
                      bandwidth: float | None = None) -> tf.Tensor:
     """Bring a swapped-out tensor back into TF's allocator.
 
-    ``h -> [<name>: DeepCopy] -> (consumers)``; with a bandwidth
-    ``h -> [<name>/transfer: numpy_function, sleeps] -> [<name>/shaped] -> [<name>: DeepCopy]``.
+    ``h -> [<name>: Snapshot] -> (consumers)``; with a bandwidth
+    ``h -> [<name>/transfer: numpy_function, sleeps] -> [<name>/shaped] -> [<name>: Snapshot]``.
     The trigger control edge goes on the first of these ops.
 
     Args:
         h: output of `emulated_swap_out`.
         like: the original tensor (gives the static shape).
-        name: op name of the swap-in (the DeepCopy).
+        name: op name of the swap-in (the Snapshot).
         bandwidth: bytes/s of the emulated link, or None.
     """
     _check_bandwidth(bandwidth)
@@ -141,6 +141,6 @@ def emulated_swap_in(h: tf.Tensor, *, like: tf.Tensor, name: str,
             h = tf.ensure_shape(moved, like.shape, name=f"{name}/shaped")
         else:
             h = tf.reshape(moved, tf.shape(h, name=f"{name}/shape"), name=f"{name}/shaped")
-    out = tf.raw_ops.DeepCopy(x=h, name=name)
+    out = tf.raw_ops.Snapshot(input=h, name=name)
     out.set_shape(like.shape)
     return out

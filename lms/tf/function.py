@@ -34,16 +34,17 @@ import threading
 import time
 import types
 import weakref
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 
 from ..config import LMSConfig
 from ..graph import Graph
 from ..plan import SwapPlan
 from ..planner import plan_swaps
-from .apply import AppliedPlan, apply_plan
+from .apply import AppliedPlan, apply_plan, observe_swapped_size
 from .emulate import default_emulate
 from .extract import extract_graph
 from .train import GradientRecord, record_gradients
@@ -53,6 +54,12 @@ __all__ = ["function", "LMSFunction", "LMSSummary", "SwappedTensor", "as_config"
 log = logging.getLogger(__name__)
 
 _MiB = 1 << 20
+
+_EAGER_NOTE = ("running eagerly (tf.config.run_functions_eagerly(True) or called outside a traced function): "
+               "LMS rewrites traced graphs only, nothing swapped")
+_XLA_MESSAGE = ("LMS cannot rewrite a step compiled by XLA: {owner} is called inside a function with "
+                "jit_compile=True, which compiles it as one cluster and bypasses graph-level swap ops; "
+                "call it outside that function or use jit_compile=False")
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,8 @@ class LMSSummary:
         batch_size: batch the sizes refer to.
         swap_ops: ``"device"`` or ``"emulated"``.
         swapped: one entry per swapped tensor.
+        note: why nothing was swapped when LMS did not run (running eagerly,
+            ``n_tensors=0``); empty otherwise.
     """
 
     n_swapped: int
@@ -97,6 +106,12 @@ class LMSSummary:
     batch_size: int
     swap_ops: str
     swapped: tuple[SwappedTensor, ...]
+    note: str = ""
+
+    def at_batch(self, graph: Graph, batch: int) -> "LMSSummary":
+        """The same swaps with their bytes at `batch` (sizes from the graph model, affine in the batch)."""
+        swapped = tuple(replace(s, bytes=graph.tensor_bytes(s.tensor, batch)) for s in self.swapped)
+        return replace(self, batch_size=batch, swapped=swapped, swapped_bytes=sum(s.bytes for s in swapped))
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -105,7 +120,7 @@ class LMSSummary:
         return out
 
     @classmethod
-    def from_plan(cls, plan: SwapPlan, *, swap_ops: str) -> "LMSSummary":
+    def from_plan(cls, plan: SwapPlan, *, swap_ops: str, note: str = "") -> "LMSSummary":
         swapped = tuple(
             SwappedTensor(tensor=s.tensor, bytes=s.nbytes, kind=s.kind, consumers=s.consumers,
                           trigger=s.swap_ins[0].trigger if s.swap_ins else None,
@@ -113,7 +128,7 @@ class LMSSummary:
             for s in plan.swaps)
         return cls(n_swapped=plan.n_swapped, swapped_bytes=plan.swapped_bytes, n_swap_ins=plan.n_swap_ins,
                    n_candidates=plan.n_candidates, batch_size=plan.batch_size, swap_ops=swap_ops,
-                   swapped=swapped)
+                   swapped=swapped, note=note)
 
 
 def as_config(config: Any) -> LMSConfig:
@@ -132,6 +147,16 @@ class _Trace:
     applied: AppliedPlan | None
     summary: LMSSummary
     timings: Mapping[str, float]
+    observed: dict = field(default_factory=dict)  # {"batch": n} once a step with an unknown batch ran
+
+    def current_summary(self) -> LMSSummary:
+        """The summary at the batch that ran, when the batch was unknown at trace time."""
+        batch = self.observed.get("batch")
+        if batch is None or self.graph is None or batch == self.summary.batch_size:
+            return self.summary
+        if self.observed.get("summary") is None or self.observed["summary"].batch_size != batch:
+            self.observed["summary"] = self.summary.at_batch(self.graph, batch)
+        return self.observed["summary"]
 
 
 class _Rewriter:
@@ -154,6 +179,7 @@ class _Rewriter:
         self.owner = owner
         self.last: _Trace | None = None
         self._lock = threading.Lock()
+        self._warned_eager = False
 
     @tf.autograph.experimental.do_not_convert
     def session(self, args: tuple, kwargs: dict, *, batch_hint: int | None) -> "_Session":
@@ -181,8 +207,17 @@ class _Rewriter:
         done = time.perf_counter()
         summary = LMSSummary.from_plan(plan, swap_ops=self.swap_ops)
         timings = {"extract_s": extracted - start, "plan_s": planned - extracted, "apply_s": done - planned}
+        trace = _Trace(model, plan, applied, summary, timings)
         with self._lock:
-            self.last = _Trace(model, plan, applied, summary, timings)
+            self.last = trace
+        if symbolic and not batch_hint:
+            observing = _observe_batch(graph, model, plan, trace, owner=self.owner)
+            log.info("LMS: swapped %d tensors (%s per sample; the batch is unknown until the step runs%s) of "
+                     "%d candidates with %d swap-ins (%s swap ops) in %s; extract+plan+apply %.2f s",
+                     plan.n_swapped, _format_bytes(_per_sample_bytes(model, plan)),
+                     "" if observing else " and is not observed", plan.n_candidates, plan.n_swap_ins,
+                     self.swap_ops, self.owner, done - start)
+            return
         log.info("LMS: swapped %d tensors (%.1f MiB at batch %d) of %d candidates with %d swap-ins "
                  "(%s swap ops) in %s; extract+plan+apply %.2f s", plan.n_swapped,
                  plan.swapped_bytes / _MiB, batch, plan.n_candidates, plan.n_swap_ins, self.swap_ops,
@@ -193,8 +228,20 @@ class _Rewriter:
         batch = _batch_dim(graph, args, kwargs) or batch_hint or 1
         plan = SwapPlan(config=self.config, batch_size=batch, graph_name=self.owner)
         with self._lock:
-            self.last = _Trace(None, plan, None, LMSSummary.from_plan(plan, swap_ops=self.swap_ops), {})
+            self.last = _Trace(None, plan, None, LMSSummary.from_plan(plan, swap_ops=self.swap_ops,
+                                                                      note="LMS off (n_tensors=0)"), {})
         log.info("LMS: off (n_tensors=0) in %s", self.owner)
+
+    def set_eager(self, args: tuple, kwargs: dict, *, batch_hint: int | None) -> None:
+        """Record an empty plan for a step running eagerly; warn the first time only."""
+        batch = _call_batch(args, kwargs) or batch_hint or 1
+        plan = SwapPlan(config=self.config, batch_size=batch, graph_name=self.owner)
+        with self._lock:
+            self.last = _Trace(None, plan, None, LMSSummary.from_plan(plan, swap_ops=self.swap_ops,
+                                                                      note=_EAGER_NOTE), {})
+            warn, self._warned_eager = not self._warned_eager, True
+        if warn:
+            log.warning("%s: %s", self.owner, _EAGER_NOTE)
 
 
 class _Session:
@@ -213,8 +260,10 @@ class _Session:
         rw = self._rewriter
         graph = tf.compat.v1.get_default_graph()
         if tf.executing_eagerly() or not _building_function(graph):
-            log.warning("%s: running eagerly; LMS rewrites traced graphs only, nothing swapped", rw.owner)
+            rw.set_eager(self._args, self._kwargs, batch_hint=self._batch_hint)
             return self
+        if control_flow_util.GraphOrParentsInXlaContext(graph):
+            raise ValueError(_XLA_MESSAGE.format(owner=rw.owner))
         if not rw.config.enabled:
             rw.set_disabled(self._args, self._kwargs, graph=graph, batch_hint=self._batch_hint)
             return self
@@ -238,21 +287,57 @@ class _Session:
                     batch_hint=self._batch_hint)
 
 
+def _per_sample_bytes(model: Graph, plan: SwapPlan) -> int:
+    return sum(model.tensors[s.tensor].per_sample_bytes for s in plan.swaps)
+
+
+def _format_bytes(n: int) -> str:
+    return f"{n / _MiB:.2f} MiB" if n >= _MiB else f"{n / 1024:.1f} KiB"
+
+
+def _observe_batch(graph: tf.Graph, model: Graph, plan: SwapPlan, trace: _Trace, *, owner: str) -> bool:
+    """When the batch is unknown at trace time (``fit`` on a ``tf.data`` pipeline), learn it when the step runs.
+
+    One swapped tensor's host copy reports its size (`lms.tf.apply.observe_swapped_size`);
+    ``(bytes - fixed) / per_sample`` of the first step that runs goes into
+    ``trace.observed`` (the summary then reports the bytes at that batch; logged
+    once). Returns False when no swapped tensor scales with the batch.
+    """
+    swap = next((s for s in plan.swaps if model.tensors[s.tensor].per_sample_bytes > 0 and s.swap_ins), None)
+    if swap is None:
+        return False
+    t = model.tensors[swap.tensor]
+
+    def observe(nbytes: int) -> None:
+        if "batch" not in trace.observed:
+            trace.observed["batch"] = max((nbytes - t.fixed_bytes) // t.per_sample_bytes, 1)
+            summary = trace.current_summary()
+            log.info("LMS: %s swaps %.1f MiB at batch %d (the batch of the first step that ran)",
+                     owner, summary.swapped_bytes / _MiB, summary.batch_size)
+
+    observe_swapped_size(graph, swap, observe)
+    return True
+
+
 def _building_function(graph: tf.Graph) -> bool:
     """True for a graph being traced into a function (a FuncGraph)."""
     return bool(getattr(graph, "building_function", False))
 
 
 def _batch_dim(graph: tf.Graph, args: tuple, kwargs: dict) -> int | None:
-    """Static dim 0 of the first tensor argument with rank >= 1 (None if unknown)."""
-    for t in tf.nest.flatten((args, kwargs)):
+    """Static dim 0 of the first tensor argument with rank >= 1 (None if unknown).
+
+    Composite arguments are looked into (a ``MirroredStrategy``'s per-replica
+    values: the batch of one replica).
+    """
+    for t in tf.nest.flatten((args, kwargs), expand_composites=True):
         if tf.is_tensor(t) and t.shape.rank:
             return t.shape[0]
     return None
 
 
 def _call_batch(args: tuple, kwargs: dict) -> int | None:
-    for t in tf.nest.flatten((args, kwargs)):
+    for t in tf.nest.flatten((args, kwargs), expand_composites=True):
         shape = getattr(t, "shape", None)
         if shape is not None and len(shape) >= 1 and shape[0] is not None:
             return int(shape[0])
@@ -289,7 +374,7 @@ class _LatestTrace:
     def summary(self) -> LMSSummary | None:
         """`LMSSummary` of the latest trace (None before the first trace)."""
         last = self._rewriter.last
-        return last.summary if last else None
+        return last.current_summary() if last else None
 
 
 class LMSFunction(_LatestTrace):

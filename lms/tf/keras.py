@@ -46,6 +46,9 @@ _JIT_MESSAGE = ("LMS cannot rewrite an XLA-compiled step (jit_compile=True bypas
 class KerasLMS(_LatestTrace):
     """LMS state of one Keras model: config, and what the latest traced train step swapped.
 
+    Under a ``tf.distribute`` strategy each replica's train step is rewritten on
+    its own; `summary` is the latest replica's.
+
     Attributes:
         config: the `LMSConfig`.
         swap_ops: ``"emulated"`` or ``"device"``.
@@ -64,13 +67,20 @@ class KerasLMS(_LatestTrace):
         return logs
 
 
-def _compile_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    jit = kwargs.get("jit_compile", "auto")
-    if jit is True:
+def _check_compile_kwargs(kwargs: dict[str, Any]) -> None:
+    if kwargs.get("jit_compile") is True:
         raise ValueError(_JIT_MESSAGE)
-    if jit == "auto":
-        log.debug("LMS: jit_compile='auto' -> False (XLA would bypass the swap ops)")
-    return {**kwargs, "jit_compile": False}
+
+
+def _turn_off_xla(model: Any) -> None:
+    """After ``compile``: ``jit_compile`` off (Keras' ``"auto"`` means XLA on a GPU).
+
+    Set on the model rather than passed to ``compile``: a model may define its
+    own ``compile`` without that argument (keras-io's GAN examples).
+    """
+    if getattr(model, "jit_compile", False):
+        log.debug("LMS: jit_compile -> False (XLA would bypass the swap ops)")
+        model.jit_compile = False
 
 
 def _functional_arguments(args: tuple, kwargs: dict) -> bool:
@@ -117,7 +127,9 @@ class LMSModel(keras.Model):
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """``keras.Model.compile`` with ``jit_compile`` forced off (True is refused)."""
-        super().compile(*args, **_compile_kwargs(kwargs))
+        _check_compile_kwargs(kwargs)
+        super().compile(*args, **kwargs)
+        _turn_off_xla(self)
 
     def train_step(self, data: Any) -> Any:
         return self._lms_state.train_step(self, super().train_step, data)
@@ -147,8 +159,10 @@ def enable_lms(model: Any, config: Any, *, emulate: bool | None = None, bandwidt
     def train_step(data: Any) -> Any:
         return state.train_step(model, original_step, data)
 
-    def compile(*args: Any, **kwargs: Any) -> None:  # noqa: A001 - mirrors keras.Model.compile
-        original_compile(*args, **_compile_kwargs(kwargs))
+    def compile(*args: Any, **kwargs: Any) -> None:  # noqa: A001 - mirrors the model's compile
+        _check_compile_kwargs(kwargs)
+        original_compile(*args, **kwargs)
+        _turn_off_xla(model)
 
     for name, value in (("_lms_original_train_step", original_step), ("_lms_original_compile", original_compile),
                         ("_lms_state", state), ("lms", state), ("train_step", train_step),

@@ -65,30 +65,40 @@ class GradientRecord:
     targets: list[tf.Tensor] = field(default_factory=list)
     backward_ops: list[str] = field(default_factory=list)
     calls: int = 0
+    lock: Any = field(default_factory=threading.RLock, repr=False)
+    thread: threading.Thread = field(default_factory=threading.current_thread, repr=False)
 
 
-_local = threading.local()
+# Active records of all threads: a `tf.distribute.MirroredStrategy` traces each replica's
+# step (and its ``tape.gradient``) in a thread of its own, into the graph being recorded.
+_records: list[GradientRecord] = []
 _patch_lock = threading.Lock()
 _patch_depth = 0
 _original_gradient = backprop.GradientTape.gradient
 
 
 def _recording_gradient(tape: backprop.GradientTape, target: Any, *args: Any, **kwargs: Any) -> Any:
-    records: list[GradientRecord] = getattr(_local, "records", [])
-    if not records or tf.executing_eagerly():
+    if not _records or tf.executing_eagerly():
         return _original_gradient(tape, target, *args, **kwargs)
     graph = tf_ops.get_default_graph()
-    mine = [r for r in records if r.graph is graph]
+    with _patch_lock:
+        mine = [r for r in _records if r.graph is graph]
+        # Records of the calling thread first: under ``fit`` with a MirroredStrategy each
+        # replica's train step records its own replica; a step that calls ``strategy.run``
+        # records the calls of every replica thread.
+        mine = [r for r in mine if r.thread is threading.current_thread()] or mine
     if not mine:
         return _original_gradient(tape, target, *args, **kwargs)
-    before = graph.get_operations()
-    result = _original_gradient(tape, target, *args, **kwargs)
-    new_ops = [op.name for op in graph.get_operations()[len(before):]]
+    with mine[0].lock:  # replica threads build into one graph: keep each call's new ops apart
+        before = len(graph.get_operations())
+        result = _original_gradient(tape, target, *args, **kwargs)
+        new_ops = [op.name for op in graph.get_operations()[before:]]
     targets = [t for t in tf.nest.flatten(target) if tf.is_tensor(t) and getattr(t, "graph", None) is graph]
-    for r in mine:
-        r.targets.extend(targets)
-        r.backward_ops.extend(new_ops)
-        r.calls += 1
+    with _patch_lock:
+        for r in mine:
+            r.targets.extend(targets)
+            r.backward_ops.extend(new_ops)
+            r.calls += 1
     return result
 
 
@@ -96,8 +106,10 @@ class record_gradients:  # noqa: N801 - used like a function: ``with record_grad
     """Context manager: record ``tf.GradientTape.gradient`` calls that build ops in `graph`.
 
     ``GradientTape.gradient`` is patched only while at least one recorder is
-    active (in any thread) and restored afterwards; calls from other threads,
-    in eager mode or building another graph pass straight through.
+    active (in any thread) and restored afterwards. Calls building `graph` are
+    recorded from any thread (``MirroredStrategy`` traces each replica in its
+    own), by the recorders of the calling thread if it has some, else by the
+    others; calls in eager mode or building another graph pass straight through.
 
     Args:
         graph: the graph to record; default: the current default graph.
@@ -112,16 +124,13 @@ class record_gradients:  # noqa: N801 - used like a function: ``with record_grad
             if _patch_depth == 0:
                 backprop.GradientTape.gradient = _recording_gradient
             _patch_depth += 1
-        if not hasattr(_local, "records"):
-            _local.records = []
-        _local.records.append(self.record)
+            _records.append(self.record)
         return self.record
 
     def __exit__(self, *exc: object) -> None:
         global _patch_depth
-        records = _local.records
-        del records[next(i for i, r in enumerate(records) if r is self.record)]
         with _patch_lock:
+            del _records[next(i for i, r in enumerate(_records) if r is self.record)]
             _patch_depth -= 1
             if _patch_depth == 0:
                 backprop.GradientTape.gradient = _original_gradient

@@ -248,6 +248,36 @@ def test_step_without_gradient_tape_is_a_clear_error():
         step(tf.ones([2, 3]))
 
 
+def test_running_eagerly_warns_once_and_says_so_in_the_summary(cases, caplog):
+    case = cases["mlp"]
+    step = lms.function(case.step_fn(), config=LMSConfig())
+    tf.config.run_functions_eagerly(True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="lms.tf.function"):
+            eager = case.run(step)
+    finally:
+        tf.config.run_functions_eagerly(False)
+    warnings = [r for r in caplog.records if "running eagerly" in r.getMessage()]
+    assert len(warnings) == 1  # three steps, one warning
+    summary = step.summary
+    assert summary.n_swapped == 0 and summary.swapped == () and summary.batch_size == case.x.shape[0]
+    assert "running eagerly" in summary.note and "nothing swapped" in summary.note
+    assert len(eager.losses) == 3
+
+
+def test_inside_an_outer_xla_function_is_refused_with_a_clear_message(cases):
+    case = cases["mlp"]
+    step = lms.function(case.step_fn(), config=LMSConfig())
+
+    @tf.function(jit_compile=True)
+    def outer(x, y):
+        return step(x, y)
+
+    with pytest.raises(ValueError, match="jit_compile=True.*bypasses graph-level swap ops"):
+        outer(case.x, case.y)
+    case.reset()
+
+
 def test_gradient_tape_is_restored_after_tracing(cases):
     original = tf.GradientTape.gradient
     step = lms.function(cases["mlp"].step_fn(), config=LMSConfig())

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import logging
+
 import numpy as np
 import pytest
 
@@ -28,6 +31,13 @@ def _graph(seed: int = 7):
     h = keras.layers.ReLU()(keras.layers.Add()([h, r]))
     h = keras.layers.GlobalAveragePooling2D()(h)
     return inputs, keras.layers.Dense(3)(h)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collect_models_at_the_end():
+    """Keras models hold reference cycles: free them here, not while a later test measures the allocator."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +87,52 @@ def test_enable_lms_on_an_existing_model(baseline, data):
     lms.enable_lms(model, {"n_tensors": 1})
     assert_bitwise(expected, _fit(model, data, initial))
     assert model.lms.summary.n_swapped == 1
+
+
+def test_fit_on_a_tf_data_pipeline_reports_the_bytes_at_the_batch_that_ran(baseline, data, caplog):
+    """The batch is unknown when the step is traced (``batch`` without ``drop_remainder``)."""
+    inputs, outputs, initial, _ = baseline
+
+    def fit(model):
+        for v, value in zip(model.weights, initial):
+            v.assign(value)
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        history = model.fit(tf.data.Dataset.from_tensor_slices(data).batch(BATCH), epochs=2, verbose=0)
+        return RunResult(tuple(np.float32(v) for v in history.history["loss"]),
+                         tuple(v.numpy() for v in model.weights),
+                         tuple(v.numpy() for v in model.optimizer.variables))
+
+    expected = fit(keras.Model(inputs, outputs))
+    model = lms.enable_lms(keras.Model(inputs, outputs), LMSConfig())
+    with caplog.at_level(logging.INFO, logger="lms.tf.function"):
+        assert_bitwise(expected, fit(model))
+    summary, graph = model.lms.summary, model.lms.graph
+    assert all(graph.tensors[s.tensor].shape[0] is None for s in summary.swapped)  # unknown when traced
+    assert summary.batch_size == BATCH
+    assert [s.bytes for s in summary.swapped] == [graph.tensors[s.tensor].per_sample_bytes * BATCH
+                                                  for s in summary.swapped]
+    assert summary.swapped_bytes == sum(s.bytes for s in summary.swapped) > 0
+    ran = [r.getMessage() for r in caplog.records if "the batch of the first step that ran" in r.getMessage()]
+    assert ran == [f"LMS: {model.name}.fit swaps {summary.swapped_bytes / 2**20:.1f} MiB at batch {BATCH} "
+                   "(the batch of the first step that ran)"]
+    assert not any("at batch 1 " in r.getMessage() for r in caplog.records)
+
+
+def test_enable_lms_before_compile_on_a_model_with_its_own_compile(baseline):
+    """keras-io's GAN pattern: ``compile(d_optimizer, g_optimizer)`` takes no ``jit_compile``."""
+    inputs, outputs, _, _ = baseline
+
+    class OwnCompile(keras.Model):
+        def compile(self, d_optimizer, g_optimizer):
+            super().compile(loss="mse")
+            self.d_optimizer, self.g_optimizer = d_optimizer, g_optimizer
+
+    model = lms.enable_lms(OwnCompile(inputs, outputs), LMSConfig())
+    model.compile(keras.optimizers.SGD(0.1), g_optimizer=keras.optimizers.Adam())
+    assert isinstance(model.g_optimizer, keras.optimizers.Adam) and model.jit_compile is False
+    with pytest.raises(ValueError, match="jit_compile"):
+        model.compile(keras.optimizers.SGD(0.1), keras.optimizers.Adam(), jit_compile=True)
 
 
 def test_subclassed_lms_model(data):

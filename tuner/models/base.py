@@ -277,11 +277,19 @@ def _import_file(target: str) -> Any:
         raise ValueError(f"cannot import {target!r}: not a loadable Python file")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[module_name] = module  # dataclasses and pickling look the module up
+    # As `python file.py` would: modules beside the file can be imported while it loads.
+    folder = str(path.parent)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
     try:
         module_spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[module_name]
         raise ValueError(f"cannot import {target!r}: {type(exc).__name__}: {_one_line(exc)}") from exc
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
     return module
 
 
