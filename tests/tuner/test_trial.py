@@ -11,7 +11,7 @@ from lms import LMSConfig
 from tuner.batch import Prediction
 from tuner.backends import get_backend
 from tuner.protocol import DescribeRequest, MeasureResult, TraceRequest
-from tuner.records import measured_record
+from tuner.backends.measured import measured_record
 from tuner.worker import WorkerOutcome, run_worker, worker_env
 
 MiB = 1 << 20

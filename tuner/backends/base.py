@@ -60,7 +60,7 @@ class SearchRun:
     screen: Any = None
 
     def evaluate_predicted(self, config: Any, trial: Any) -> "TrialRecord":
-        from ..records import predicted_record
+        from .simulate import predicted_record
 
         return predicted_record(config, self.predict(config), usable=self.usable, device=self.settings.device)
 

@@ -15,13 +15,22 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
+from ..batch import Prediction
 from ..budget import format_bytes
+from ..loop import Interrupted, optimize
+from ..pareto import pareto_picks
 from ..protocol import MeasureRequest
+from ..records import INFEASIBLE, TrialRecord, counted
+from ..recovery import recover_stale_trials
+from ..study import SCREEN_SUFFIX, create_study, make_sampler, queue_warm_start
+from ..worker import WorkerOutcome, run_worker
 from .base import Backend, SearchRun
+from .simulate import predicted_record
 
-__all__ = ["MeasuredBackend", "SIM_SKIP_TOLERANCE", "calibration"]
+__all__ = ["MeasuredBackend", "SIM_SKIP_TOLERANCE", "calibration", "measured_record", "machine_error_record"]
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +53,6 @@ class MeasuredBackend(Backend):
         return "CPU"
 
     def search(self, run: SearchRun) -> tuple[int, int]:
-        from ..loop import optimize
-        from ..pareto import pareto_picks
-        from ..recovery import recover_stale_trials
-        from ..study import SCREEN_SUFFIX, create_study, make_sampler, queue_warm_start
-
         s, space = run.settings, run.space
         with run.ask_lock():
             screen = create_study(s.study + SCREEN_SUFFIX, run.storage, make_sampler(s.sampler, seed=s.seed))
@@ -77,9 +81,6 @@ class MeasuredBackend(Backend):
         workers with its own ``CUDA_VISIBLE_DEVICES``. Ctrl-C / SIGTERM in the
         main thread sets `stop`: every thread kills its worker and re-queues its trial.
         """
-        from ..loop import optimize
-        from ..records import counted
-
         s = run.settings
         slots = self.slots(s)
         stop = threading.Event()
@@ -122,10 +123,6 @@ class MeasuredBackend(Backend):
         The warm-start trials (no LMS, TFLMS defaults) always run: they anchor the
         comparison and check the simulator's verdicts.
         """
-        from ..loop import Interrupted
-        from ..records import machine_error_record, measured_record, predicted_record
-        from ..worker import run_worker
-
         s, usable, deadline = run.settings, run.usable, run.deadline
         pred = run.predict(config)
         warm = bool(trial.user_attrs.get("warm_start"))
@@ -195,3 +192,58 @@ def calibration(study: Any) -> tuple[float, bool]:
             trust = False
     factor = sorted(ratios)[len(ratios) // 2] if ratios else 1.0
     return factor, trust
+
+
+def measured_record(config: Any, outcome: WorkerOutcome, pred: Prediction, *, backend: Backend,
+                    usable: int, trial_dir: Path) -> TrialRecord:
+    """A measure worker's outcome as a record (figures MEASURED; the prediction beside them)."""
+    res = outcome.result
+    probes = [e for e in outcome.events if e.get("event") == "probe"]
+    extra: dict[str, Any] = {
+        "predicted_batch": pred.batch, "worker_wall_s": round(outcome.wall_s, 2),
+        "trial_dir": str(trial_dir), "probes": [{k: p.get(k) for k in ("batch", "fits", "peak_bytes", "oom")}
+                                                for p in probes],
+    }
+    if res is not None:
+        for key in res.RECORDED:
+            value = getattr(res, key)
+            if value is not None:
+                extra[key] = list(value) if isinstance(value, tuple) else value
+    common = dict(config=config, backend=backend.name, measured=True, predicted_peak_bytes=pred.peak_bytes,
+                  predicted_throughput=pred.throughput)
+    source = (res.peak_source if res is not None else "") or backend.peak_source
+    if outcome.status == "ok":
+        peak = int(res.peak_device_bytes)
+        return TrialRecord(status="ok", batch_size=int(res.batch_size), throughput=float(res.throughput),
+                           peak_device_bytes=peak, peak_source=source, constraint=peak / usable - 1.0,
+                           extra=extra, **common)
+    if outcome.status in ("infeasible", "oom"):
+        peak = res.peak_device_bytes if res is not None else None
+        violation = (peak / usable - 1.0) if peak else INFEASIBLE
+        return TrialRecord(status=outcome.status, batch_size=0, throughput=0.0, peak_device_bytes=peak,
+                           peak_source=source, constraint=max(violation, 1e-6), reason=outcome.reason,
+                           extra=extra, **common)
+    fitted = [p["batch"] for p in probes if p.get("fits")]
+    partial = f" (largest batch seen to fit: {max(fitted)})" if fitted else ""
+    if outcome.status in ("timeout", "killed"):
+        return TrialRecord(status=outcome.status, batch_size=0, throughput=0.0, peak_device_bytes=None,
+                           peak_source=source, constraint=INFEASIBLE, reason=outcome.reason + partial,
+                           extra=extra, **common)
+    if res is None:
+        # the worker ended without writing its result (not killed by a signal: that is "killed" above):
+        # it could not write to the study folder, or could not start; nothing is known about the config
+        return machine_error_record(config, f"{outcome.reason} (log: {outcome.log_path})", backend=backend,
+                                    pred=pred, extra=extra)
+    return TrialRecord(status="error", batch_size=0, throughput=0.0, peak_device_bytes=None, peak_source=source,
+                       constraint=INFEASIBLE, reason=f"{outcome.reason} (log: {outcome.log_path})", failed=True,
+                       extra=extra, **common)
+
+
+def machine_error_record(config: Any, reason: str, *, backend: Backend, pred: Prediction,
+                         extra: Mapping[str, Any] | None = None) -> TrialRecord:
+    """A trial the machine failed (see `REQUEUED_STATUSES`): it is queued again, not counted."""
+    return TrialRecord(config=config, backend=backend.name, measured=True, status="machine_error", batch_size=0,
+                       throughput=0.0, peak_device_bytes=None, peak_source="", predicted_peak_bytes=pred.peak_bytes,
+                       predicted_throughput=pred.throughput, constraint=INFEASIBLE,
+                       reason=f"failed by the machine, not the config: {reason}; queued again", failed=True,
+                       requeue=True, extra=dict(extra or {}))
