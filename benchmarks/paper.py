@@ -558,7 +558,8 @@ def _source_digest(workload: str) -> str:
 
 def load_graph(spec: RowSpec, *, cache: Path = CACHE) -> tuple[Graph, dict[str, Any], float]:
     """The traced graph of `spec` (traced once by a `tuner.trial` worker, then cached); (graph, workload, trace_s)."""
-    from tuner.trial import run_worker, worker_env
+    from tuner.protocol import TraceRequest
+    from tuner.worker import run_worker, worker_env
 
     key = {"model": spec.workload, "model_options": dict(spec.options), "source": _source_digest(spec.workload)}
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
@@ -568,9 +569,9 @@ def load_graph(spec: RowSpec, *, cache: Path = CACHE) -> tuple[Graph, dict[str, 
         print(f"tracing {spec.key} ({spec.workload} {dict(spec.options)}) in a worker (TensorFlow) ...",
               file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        out = run_worker({"mode": "trace", "workload": spec.workload, "options": dict(spec.options), "key": key,
-                          "output": str(path)}, workdir=cache / f"trace-{spec.key}-{digest}", timeout_s=900,
-                         env=worker_env("emulated"))
+        out = run_worker(TraceRequest(workload=spec.workload, options=dict(spec.options), key=key,
+                                      output=str(path)), workdir=cache / f"trace-{spec.key}-{digest}", timeout_s=900,
+                         env=worker_env())
         trace_s = time.perf_counter() - t0
         if out.status != "ok":
             raise SystemExit(f"tracing {spec.key} failed: {out.reason} (log: {out.log_path})")

@@ -2,13 +2,13 @@
 
 Setting (the issue's): simulate backend, ResNet-50 (keras.applications, 224x224x3,
 1000 classes, SGD momentum), budget 16 GiB, device profile V100-16GB, the
-tuner's own search space (`tuner.search.SearchSpace`) and 5% safety margin.
+tuner's own search space (`tuner.space.SearchSpace`) and 5% safety margin.
 
 1. The exhaustive grid: every point of the search space, simulated
    (`tuner.batch.predict_max_batch`, what the tuner's simulate backend runs).
    Points that plan identically (e.g. every ``n_tensors=0`` point) are one
    config; the grid's trial count is its number of distinct configs.
-2. The tuner: `tuner.search.optimize` with the tuner's sampler and warm start
+2. The tuner: `tuner.loop.optimize` with the tuner's sampler and warm start
    (no-LMS baseline, TFLMS defaults), for several seeds. Its trials are looked
    up in the grid's results (the simulation is deterministic, so this is what
    the tuner would compute, without paying for it twice).
@@ -71,15 +71,16 @@ def hypervolume(points: list[tuple[float, float]], ref: tuple[float, float] = (0
 
 def load_graph(model: str, options: dict[str, Any]) -> Any:
     from lms.graph import Graph
-    from tuner.trial import run_worker, worker_env
+    from tuner.protocol import TraceRequest
+    from tuner.worker import run_worker, worker_env
 
     key = {"model": model, "model_options": options}
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     path = CACHE / f"{model}-{digest}.graph.json"
     if not path.is_file():
         print(f"tracing {model} in a worker (TensorFlow) ...", flush=True)
-        out = run_worker({"mode": "trace", "workload": model, "options": options, "key": key, "output": str(path)},
-                         workdir=CACHE / f"trace-{digest}", timeout_s=1800, env=worker_env("emulated"))
+        out = run_worker(TraceRequest(workload=model, options=options, key=key, output=str(path)),
+                         workdir=CACHE / f"trace-{digest}", timeout_s=1800, env=worker_env())
         if out.status != "ok":
             raise SystemExit(f"tracing failed: {out.reason} (log: {out.log_path})")
     return Graph.from_dict(json.loads(path.read_text())["graph"])
@@ -87,7 +88,7 @@ def load_graph(model: str, options: dict[str, Any]) -> Any:
 
 def evaluate_grid(graph: Any, space: Any, *, usable: int, device: str, cap: int, cache_path: Path) -> dict[str, dict]:
     """canonical config key -> prediction record for every distinct grid config (cached, resumable)."""
-    from tuner.search import canonical_key
+    from tuner.knobs import canonical_key
 
     results: dict[str, dict] = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
     configs: dict[str, LMSConfig] = {}
@@ -127,7 +128,10 @@ def run_tuner(space: Any, grid: dict[str, dict], *, sampler: str, seed: int, tri
 
     from tuner.batch import Prediction
     from tuner.progress import Progress
-    from tuner.search import _predicted_record, canonical_key, make_sampler, optimize
+    from tuner.knobs import canonical_key
+    from tuner.loop import optimize
+    from tuner.backends.simulate import predicted_record
+    from tuner.study import make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=make_sampler(sampler, seed=seed))
@@ -141,7 +145,7 @@ def run_tuner(space: Any, grid: dict[str, dict], *, sampler: str, seed: int, tri
         r = grid[key]
         pred = Prediction(r["batch"], r["peak_bytes"], 0.0, r["throughput"], min_bytes=None if r["feasible"]
                           else r["peak_bytes"], reason="" if r["feasible"] else "simulator: does not fit")
-        return _predicted_record(config, pred, usable=usable, device=device)
+        return predicted_record(config, pred, usable=usable, device=device)
 
     optimize(study, space, evaluate, n_trials=trials, deadline=None, progress=Progress(disabled=True), desc="bench",
              explore_on_repeat=explore_on_repeat, seed=seed)
@@ -177,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from lms.planner import find_candidates
-    from tuner.search import SearchSpace
+    from tuner.space import SearchSpace
 
     CACHE.mkdir(parents=True, exist_ok=True)
     usable = usable_bytes(args.budget, 0.05)

@@ -8,10 +8,16 @@ The file format is plain JSON (never pickle or eval)::
     {"schema": "lms.config", "schema_version": 1,
      "config": {"n_tensors": 100, "lb": 5, ...}}
 
-`LMSConfig.load` also reads the tuner's ``recommended.json`` (schema
-``"tuner.recommendation"``), which carries the same ``"config"`` member next to
-the batch size and measured figures, so a training script can load a tuning
-result directly.
+`LMSConfig.load` also reads any document that embeds a config under
+``"config"`` and whose schema its writer registered (`register_document_schema`),
+such as the tuner's ``recommended.json``, so a training script can load a tuning
+result directly. The package named by an unregistered schema's first dotted part
+(``tuner`` for ``"tuner.recommendation"``) is imported once, if installed, to
+give it the chance to register; ``lms`` itself knows no other package.
+
+Every field is a *knob* (`knob`): its metadata says what a tuner needs to
+search it, record it and show it, so a new field is tuned without editing the
+tuner (see `knob` for the keys).
 """
 
 from __future__ import annotations
@@ -24,13 +30,72 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["LMSConfig", "CONFIG_SCHEMA", "SCHEMA_VERSION", "STRATEGIES", "atomic_write_text", "atomic_write_bytes"]
+__all__ = ["LMSConfig", "CONFIG_SCHEMA", "SCHEMA_VERSION", "STRATEGIES", "MAX_INT", "knob", "register_document_schema",
+           "atomic_write_text", "atomic_write_bytes"]
 
 CONFIG_SCHEMA = "lms.config"
-RECOMMENDATION_SCHEMA = "tuner.recommendation"
 SCHEMA_VERSION = 1
 STRATEGIES = ("chain_rule", "direct_order")
-_KNOWN_SCHEMAS = (CONFIG_SCHEMA, RECOMMENDATION_SCHEMA)
+#: Integer fields stay below this (a 400-digit count is a typo, and TF's attributes are 32-bit).
+MAX_INT = 2**31
+#: Schemas of documents that embed an LMS config under "config": schema -> the version read.
+_DOCUMENT_SCHEMAS: dict[str, int] = {}
+_IMPORT_TRIED: set[str] = set()
+
+
+def register_document_schema(schema: str, version: int) -> None:
+    """Let `LMSConfig.load` read the ``"config"`` member of documents of `schema` (version `version`).
+
+    Called by a package that writes such documents when it is imported (the
+    tuner registers ``"tuner.recommendation"``).
+    """
+    if not isinstance(schema, str) or not schema or schema == CONFIG_SCHEMA:
+        raise ValueError(f"schema {schema!r}: give a non-empty name other than {CONFIG_SCHEMA!r}")
+    _DOCUMENT_SCHEMAS[schema] = int(version)
+
+
+def _registered(schema: Any) -> bool:
+    """Whether `schema` is registered, importing the package its first dotted part names once to find out."""
+    if not isinstance(schema, str) or schema in _DOCUMENT_SCHEMAS:
+        return schema in _DOCUMENT_SCHEMAS
+    package = schema.split(".", 1)[0]
+    if "." in schema and package.isidentifier() and package not in _IMPORT_TRIED:
+        _IMPORT_TRIED.add(package)
+        import importlib
+        import importlib.util
+
+        try:
+            if importlib.util.find_spec(package) is not None:
+                importlib.import_module(package)
+        except (ImportError, ValueError):
+            pass
+    return schema in _DOCUMENT_SCHEMAS
+
+
+def knob(default: Any, *, search: Any = None, requires: Mapping[str, Any] | None = None, swaps_only: bool = False,
+         label: str | None = None, show: str = "changed", column: bool = True) -> Any:
+    """A `LMSConfig` field, with what a tuner needs to search, record and show it (field metadata ``"knob"``).
+
+    Args:
+        default: the field's default.
+        search: the values a tuner tries: a tuple (categories), a ``range`` (integers),
+            ``"candidates"`` (0 .. every swap candidate of the graph, `n_tensors` only), or
+            None: not searched (held at `default`).
+        requires: ``{field: value}``: the knob only matters when those (earlier) fields
+            have those values, e.g. ``branch_threshold`` needs ``swap_branches=True``;
+            otherwise it is held at `default` (and not searched).
+        swaps_only: the knob means nothing when the config swaps nothing (``n_tensors=0``).
+        label: how a short label shows it, a `str.format` string over ``value`` and the
+            config's fields (``"fuse"``, ``"branches>{branch_threshold}"``); ``""``: never
+            shown on its own; None: ``name=value``.
+        show: ``"always"``, or ``"changed"`` (only when it differs from `default`).
+        column: a column of its own in trial tables (``trials.csv``, the report).
+    """
+    if show not in ("always", "changed"):
+        raise ValueError(f"knob show={show!r}: allowed values are 'always', 'changed'")
+    meta = {"search": search, "requires": dict(requires or {}), "swaps_only": swaps_only, "label": label,
+            "show": show, "column": column}
+    return field(default=default, metadata={"knob": meta})
 
 
 @dataclass(frozen=True)
@@ -61,17 +126,18 @@ class LMSConfig:
             these types.
     """
 
-    n_tensors: int = -1
-    lb: int = 1
-    ub: int = 10000
-    fuse_swapins: bool = False
-    ctrld_strategy: str = "chain_rule"
-    swap_branches: bool = False
-    branch_threshold: int = 0
-    incl_scopes: tuple[str, ...] = field(default=())
-    excl_scopes: tuple[str, ...] = field(default=())
-    incl_types: tuple[str, ...] = field(default=())
-    excl_types: tuple[str, ...] = field(default=())
+    n_tensors: int = knob(-1, search="candidates", label="n_tensors={value}", show="always")
+    lb: int = knob(1, search=range(1, 14, 3), swaps_only=True, label="lb={value}", show="always")
+    ub: int = knob(10000, swaps_only=True)  # the planner takes the nearest trigger at or beyond lb anyway
+    fuse_swapins: bool = knob(False, search=(False, True), swaps_only=True, label="fuse")
+    ctrld_strategy: str = knob("chain_rule", search=STRATEGIES, swaps_only=True, label="{value}")
+    swap_branches: bool = knob(False, search=(False, True), swaps_only=True, label="branches>{branch_threshold}")
+    branch_threshold: int = knob(0, search=range(10, 41, 15), requires={"swap_branches": True}, swaps_only=True,
+                                 label="")
+    incl_scopes: tuple[str, ...] = knob((), swaps_only=True, column=False)
+    excl_scopes: tuple[str, ...] = knob((), swaps_only=True, column=False)
+    incl_types: tuple[str, ...] = knob((), swaps_only=True, column=False)
+    excl_types: tuple[str, ...] = knob((), swaps_only=True, column=False)
 
     def __post_init__(self) -> None:
         for name in ("n_tensors", "lb", "ub", "branch_threshold"):
@@ -165,7 +231,7 @@ class LMSConfig:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "LMSConfig":
-        """Read a config file, or the ``config`` of a tuner ``recommended.json``.
+        """Read a config file, or the ``config`` of a registered document (a tuner ``recommended.json``).
 
         Raises:
             FileNotFoundError: the file does not exist.
@@ -188,16 +254,17 @@ class LMSConfig:
 
     @classmethod
     def from_document(cls, doc: Any) -> "LMSConfig":
-        """Parse a loaded JSON document (a config file or a recommendation)."""
+        """Parse a loaded JSON document (a config file, or a registered document that embeds one)."""
         if not isinstance(doc, dict):
             raise ValueError(f"expected a JSON object, got {type(doc).__name__}")
         schema = doc.get("schema")
-        if schema not in _KNOWN_SCHEMAS:
-            raise ValueError(
-                f"key 'schema'={schema!r}: expected one of " + ", ".join(repr(s) for s in _KNOWN_SCHEMAS))
+        if schema != CONFIG_SCHEMA and not _registered(schema):
+            known = (CONFIG_SCHEMA, *_DOCUMENT_SCHEMAS)
+            raise ValueError(f"key 'schema'={schema!r}: expected one of " + ", ".join(repr(s) for s in known))
         version = doc.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise ValueError(f"key 'schema_version'={version!r}: this version reads {SCHEMA_VERSION}")
+        expected = SCHEMA_VERSION if schema == CONFIG_SCHEMA else _DOCUMENT_SCHEMAS[schema]
+        if version != expected:
+            raise ValueError(f"key 'schema_version'={version!r}: this version reads {expected}")
         if schema == CONFIG_SCHEMA:
             extra = sorted(set(doc) - {"schema", "schema_version", "config"})
             if extra:
@@ -233,6 +300,9 @@ def _read_config_text(path: Path) -> str:
 def _check_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"LMSConfig.{name}={value!r}: must be an integer")
+    if not -MAX_INT < value < MAX_INT:
+        shown = str(value) if abs(value) < 10**24 else f"<a {value.bit_length()}-bit integer>"
+        raise ValueError(f"LMSConfig.{name}={shown}: must be between {-MAX_INT + 1} and {MAX_INT - 1}")
 
 
 def _umask() -> int:

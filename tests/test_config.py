@@ -1,4 +1,6 @@
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +46,28 @@ def test_round_trip_through_file(tmp_path):
     assert LMSConfig.load(path) == c
     assert LMSConfig.from_dict(c.to_dict()) == c
     assert list(tmp_path.iterdir()) == [path]  # no temp file left behind
+
+
+def test_load_reads_a_recommendation_in_a_process_that_never_imported_the_tuner(tmp_path):
+    """lms knows no tuner schema: the schema's package (tuner) registers it when lms imports it on meeting it."""
+    import subprocess
+    import sys
+
+    doc = {"schema": "tuner.recommendation", "schema_version": 1, "config": {"n_tensors": 10, "lb": 3}}
+    (tmp_path / "recommended.json").write_text(json.dumps(doc))
+    code = ("import sys, lms; assert 'tuner' not in sys.modules; "
+            "print(lms.LMSConfig.load(sys.argv[1]).n_tensors)")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "recommended.json")], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0 and proc.stdout.strip() == "10", proc.stderr[-500:]
+
+
+def test_integer_fields_are_bounded():
+    with pytest.raises(ValueError, match=r"LMSConfig.n_tensors=<a 1329-bit integer>: must be between"):
+        LMSConfig(n_tensors=10**400)
+    with pytest.raises(ValueError, match=r"LMSConfig.ub=2147483648"):
+        LMSConfig.from_dict({"ub": 2**31})
 
 
 def test_load_reads_a_recommendation(tmp_path):

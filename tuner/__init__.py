@@ -9,6 +9,14 @@ simulation in-process (`lms.simulator`).
 
 from __future__ import annotations
 
+from lms.config import register_document_schema
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "RECOMMENDATION_SCHEMA", "RECOMMENDATION_VERSION"]
+
+#: ``recommended.json`` (`tuner.outputs`) embeds an `LMSConfig` under "config": registered here, so
+#: ``lms.LMSConfig.load`` reads it (lms imports this package when it meets the schema).
+RECOMMENDATION_SCHEMA = "tuner.recommendation"
+RECOMMENDATION_VERSION = 1
+register_document_schema(RECOMMENDATION_SCHEMA, RECOMMENDATION_VERSION)

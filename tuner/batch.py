@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from .budget import format_bytes
+
 if TYPE_CHECKING:
     from lms.config import LMSConfig
     from lms.devices import DeviceProfile
@@ -190,7 +192,7 @@ def _next_batch(lo: int, hi: int, lo_peak: int | None, hi_peak: int | None, usab
 
 
 def _mib(nbytes: int | None) -> str:
-    return "?" if nbytes is None else f"{nbytes / 2**20:.1f} MiB"
+    return "?" if nbytes is None else format_bytes(nbytes, digits=1)
 
 
 # ------------------------------------------------------------------ simulator side
@@ -249,12 +251,12 @@ def predict_max_batch(graph: "Graph", config: "LMSConfig", budget_bytes: int, *,
         first = simulate(graph, config, batch=1, device=device, timeline=False, op_costs=op_costs)
         need = int(getattr(exc, "min_bytes", first.peak_device_bytes))
         return Prediction(0, first.peak_device_bytes, first.step_time_s, 0.0, min_bytes=need, n_swapped=0,
-                          reason=(f"simulator: even batch 1 with every candidate swapped needs {need / 2**20:.1f} "
-                                  f"MiB > {budget_bytes / 2**20:.1f} MiB"))
+                          reason=(f"simulator: even batch 1 with every candidate swapped needs {_mib(need)} "
+                                  f"> {_mib(budget_bytes)}"))
     if r.batch == 0:
         return Prediction(0, r.peak_bytes, r.step_time_s, 0.0, min_bytes=r.peak_bytes, n_swapped=r.n_swapped,
-                          reason=(f"simulator: batch 1 needs {r.peak_bytes / 2**20:.1f} MiB > "
-                                  f"{budget_bytes / 2**20:.1f} MiB with this config"))
+                          reason=(f"simulator: batch 1 needs {_mib(r.peak_bytes)} > "
+                                  f"{_mib(budget_bytes)} with this config"))
     batch, peak, step_time, throughput, capped = r.batch, r.peak_bytes, r.step_time_s, r.throughput, r.capped
     kind = "exact"
     if allocator == "bfc":
@@ -262,7 +264,7 @@ def predict_max_batch(graph: "Graph", config: "LMSConfig", budget_bytes: int, *,
         if adjusted["batch"] == 0:
             return Prediction(0, r.peak_bytes, r.step_time_s, 0.0, min_bytes=r.peak_bytes, n_swapped=r.n_swapped,
                               reason=("simulator: batch 1 does not fit once TF's BFC allocator is replayed "
-                                      f"({budget_bytes / 2**20:.1f} MiB)"))
+                                      f"({_mib(budget_bytes)})"))
         if adjusted["batch"] < batch:
             at = simulate(graph, config, batch=adjusted["batch"], device=device, timeline=False,
                           op_costs=op_costs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-__all__ = ["parse_budget", "format_bytes", "BudgetError"]
+__all__ = ["parse_budget", "format_bytes", "byte_unit", "BudgetError"]
 
 _UNITS = {
     "": 1, "b": 1,
@@ -59,13 +59,17 @@ def parse_budget(text: str) -> int:
     return value
 
 
-def format_bytes(nbytes: int | float | None) -> str:
-    """``1536 * 2**20`` -> ``"1.50 GiB"``; ``None`` -> ``"-"``."""
+def byte_unit(nbytes: float) -> tuple[float, str]:
+    """(divisor, unit) that shows `nbytes` as a number below 1024: ``(2**30, "GiB")`` etc."""
+    for power, unit in ((40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if abs(nbytes) >= (1 << power):
+            return float(1 << power), unit
+    return 1.0, "B"
+
+
+def format_bytes(nbytes: int | float | None, *, digits: int = 2) -> str:
+    """``1536 * 2**20`` -> ``"1.50 GiB"``; ``None`` -> ``"-"``. The one byte formatter of the tuner."""
     if nbytes is None:
         return "-"
-    value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    divisor, unit = byte_unit(nbytes)
+    return f"{nbytes:.0f} B" if unit == "B" else f"{nbytes / divisor:.{digits}f} {unit}"

@@ -23,8 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .backends import BACKENDS, get_backend
 from .budget import BudgetError, format_bytes, parse_budget
-from .environment import BACKENDS
+from .errors import BadInput
+from .knobs import KNOB_TABLE
 from .storage import (DEFAULT_STUDIES_DIR, StorageError, StorageSpec, StudyNameError, check_reachable, mask_secrets,
                       resolve_storage, validate_study_name)
 
@@ -35,14 +37,7 @@ log = logging.getLogger("tuner.cli")
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 PROG = "lms-tuner"
 
-DEFAULT_TRIALS = {"simulate": 80, "emulated": 4, "gpu": 10}
 DEFAULT_SCREEN_TRIALS = 30
-DEFAULT_EMULATED_TIMEOUT_S = 540.0
-EMULATED_IMAGE_SIZE = 64
-
-
-class BadInput(Exception):
-    """Raised by argument checks; printed as one line, exit 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -151,21 +146,35 @@ def _storage_args(p: argparse.ArgumentParser) -> None:
                    help="folder for study outputs (default: %(default)s)")
 
 
+def _knob_list() -> str:
+    """The searched knobs, a conditional one after what it needs (``swap_branches/branch_threshold``)."""
+    names: list[str] = []
+    for k in KNOB_TABLE.searched:
+        if k.requires and names and names[-1] in k.requires:
+            names[-1] += f"/{k.name}"
+        else:
+            names.append(k.name)
+    return ", ".join(names)
+
+
+def _search_description() -> str:
+    emulated = get_backend("emulated")
+    return (
+        f"Search LMS configs ({_knob_list()})\n"
+        "for the largest batch and the highest throughput that fit a memory budget. Running it again with\n"
+        "the same --study resumes (completed trials are not redone).\n\n"
+        "Backends: " + ";\n".join(f"{name} = {get_backend(name).help}" for name in reversed(BACKENDS)) + ".\n\n"
+        f"Defaults without a GPU (backend emulated): {emulated.default_trials} measured trials after "
+        f"{DEFAULT_SCREEN_TRIALS} simulated ones, a {emulated.default_timeout_s:.0f} s\n"
+        f"time limit, image_size reduced to {emulated.max_image_size} for models that have one, and a budget =\n"
+        "the simulator's no-LMS peak at batch 32 with TF's BFC allocator replayed (so the no-LMS\n"
+        "baseline fits about that batch and the result shows how far LMS goes beyond it).")
+
+
 def _add_search(sub: Any) -> None:
     p = sub.add_parser(
         "search", help="run or resume a tuning study", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "Search LMS configs (n_tensors, lb, fuse_swapins, ctrld_strategy, swap_branches/branch_threshold)\n"
-            "for the largest batch and the highest throughput that fit a memory budget. Running it again with\n"
-            "the same --study resumes (completed trials are not redone).\n\n"
-            "Backends: simulate = every figure PREDICTED by the simulator (seconds per config);\n"
-            "emulated = simulated screening, then real runs on the CPU with emulated swaps, the budget enforced\n"
-            "on TensorFlow's measured BFC-allocator peak (MEASURED on the emulated device);\n"
-            "gpu = the same with real runs on the GPU (MEASURED on GPU).\n\n"
-            "Defaults without a GPU (backend emulated): 4 measured trials after 30 simulated ones, a 540 s\n"
-            f"time limit, image_size reduced to {EMULATED_IMAGE_SIZE} for models that have one, and a budget =\n"
-            "the simulator's no-LMS peak at batch 32 with TF's BFC allocator replayed (so the no-LMS\n"
-            "baseline fits about that batch and the result shows how far LMS goes beyond it)."))
+        description=_search_description())
     p.add_argument("--model", required=True, type=str, metavar="NAME|MODULE:FUNC",
                    help="built-in workload (mlp, cnn_bn, residual, resnet50, unet3d, gpt2_small) or your "
                         "'package.module:function' / 'path/file.py:function' returning a tuner.models.Workload")
@@ -182,12 +191,13 @@ def _add_search(sub: Any) -> None:
                         "found, else V100-16GB for simulate and cpu for emulated)")
     p.add_argument("--trials", type=_positive_int, default=None, metavar="N",
                    help="trials in the study (real runs for gpu/emulated); default: "
-                        + ", ".join(f"{k} {v}" for k, v in DEFAULT_TRIALS.items()))
+                        + ", ".join(f"{k} {get_backend(k).default_trials}" for k in reversed(BACKENDS)))
     p.add_argument("--screen-trials", type=_nonneg_int, default=DEFAULT_SCREEN_TRIALS, metavar="N",
                    help="simulated screening trials before real runs (gpu/emulated; default: %(default)s)")
     p.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
-                   help=f"stop starting trials after this long (0: no limit; default: none, "
-                        f"{DEFAULT_EMULATED_TIMEOUT_S:.0f} s for emulated)")
+                   help="stop starting trials after this long (0: no limit; default: none, "
+                        + ", ".join(f"{get_backend(k).default_timeout_s:.0f} s for {k}" for k in BACKENDS
+                                    if get_backend(k).default_timeout_s) + ")")
     p.add_argument("--trial-timeout", type=_seconds, default=600.0, metavar="SECONDS",
                    help="kill one real trial after this long; it also bounds tracing the model, once per "
                         "study (default: %(default)s)")
@@ -295,32 +305,17 @@ def _default_study(model: str, backend: str) -> str:
     return validate_study_name(f"{base or 'model'}-{backend}")
 
 
-def _device_for(backend: str, gpu_info: dict[str, Any] | None) -> str:
-    from lms.devices import DEVICES
-
-    if backend in ("gpu", "simulate") and gpu_info:
-        name = gpu_info["name"].upper()
-        total_gib = gpu_info["total_bytes"] / 2**30
-        matches = [k for k in DEVICES if k.split("-")[0] in name]
-        if matches:
-            return min(matches, key=lambda k: abs(DEVICES[k].memory_bytes / 2**30 - total_gib))
-    return "cpu" if backend == "emulated" else "V100-16GB"
-
-
 def _load_workload_desc(spec: str, options: dict[str, Any]) -> dict[str, Any]:
     from tuner.models import builtin_names, load_workload
 
-    from .search import BadInput as SearchBadInput, describe_user_workload
+    from .graphs import describe_user_workload
 
     if spec in builtin_names() or ":" not in spec:
         try:
             return load_workload(spec, **options).describe()  # built-ins import no TensorFlow here
         except ValueError as exc:
             raise BadInput(str(exc)) from None
-    try:
-        return describe_user_workload(spec, options)
-    except SearchBadInput as exc:
-        raise BadInput(str(exc)) from None
+    return describe_user_workload(spec, options)  # BadInput when it does not load
 
 
 def build_search_settings(args: argparse.Namespace) -> Any:
@@ -329,80 +324,55 @@ def build_search_settings(args: argparse.Namespace) -> Any:
     from tuner.models import parse_options
 
     from .environment import default_backend, gpus
-    from .search import SearchSettings, study_settings_conflict
+    from .settings import SearchSettings
 
     notes: list[str] = []
-    backend = args.backend
-    if backend is None:
-        backend, why = default_backend()
-        notes.append(f"backend {backend} chosen by default ({why})")
+    name = args.backend
+    if name is None:
+        name, why = default_backend()
+        notes.append(f"backend {name} chosen by default ({why})")
+    backend = get_backend(name)  # chosen once: everything below asks it
     try:
         options = parse_options(args.model_option)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
-    study = args.study or _default_study(args.model, backend)
+    study = args.study or _default_study(args.model, backend.name)
     storage = resolve_storage(args.storage, study, studies_dir=args.studies_dir)
     check_reachable(storage, create=True)
     desc = _load_workload_desc(args.model, options)
-    if backend == "emulated" and "image_size" not in options:
+    small = backend.max_image_size
+    if small is not None and "image_size" not in options:
         size = (desc.get("options") or {}).get("image_size")
-        if isinstance(size, int) and size > EMULATED_IMAGE_SIZE:
-            options["image_size"] = EMULATED_IMAGE_SIZE
+        if isinstance(size, int) and size > small:
+            options["image_size"] = small
             desc = _load_workload_desc(args.model, options)
-            notes.append(f"emulated backend on CPU: image_size {size} -> {EMULATED_IMAGE_SIZE} so the real runs take "
+            notes.append(f"{backend.name} backend on CPU: image_size {size} -> {small} so the real runs take "
                          f"minutes (give --model-option image_size={size} to keep it)")
-    if args.gpus and backend != "gpu":
-        raise BadInput(f"--gpus needs --backend gpu (the backend is {backend})")
-    if args.workers > 1 and backend == "simulate":
-        raise BadInput("--workers needs --backend emulated or gpu (simulate predicts every trial in this process)")
-    gpu_info = None
-    gpu_list: tuple[str, ...] = ()
-    if backend in ("gpu", "simulate"):
-        found = gpus()
-
-        def lookup(wanted: str) -> dict[str, Any] | None:
-            return next((g for g in found if str(g["index"]) == wanted or g["uuid"].startswith(wanted)), None)
-
-        if backend == "gpu":
-            if not found:
-                raise BadInput("backend gpu: no GPU found (NVML); use --backend emulated or --backend simulate")
-            gpu_list = args.gpus or (tuple(str(i) for i in range(args.workers)) if args.workers > 1 else ())
-            for wanted in gpu_list or (args.gpu or "0",):
-                if lookup(wanted) is None:
-                    raise BadInput(f"GPU {wanted!r} not found; NVML sees: "
-                                   + ", ".join(f"{g['index']} ({g['name']})" for g in found))
-            # the budget must fit the smallest of the GPUs used
-            gpu_info = min((lookup(w) for w in gpu_list or (args.gpu or "0",)), key=lambda g: g["total_bytes"])
-        else:
-            gpu_info = lookup(args.gpu or "0") or (found[0] if found else None)
+    chosen = backend.choose_gpus(gpu=args.gpu, gpus=args.gpus or (), workers=args.workers, inventory=gpus)
     try:
-        device = get_device(args.device).name if args.device else _device_for(backend, gpu_info)
+        device = get_device(args.device).name if args.device else backend.default_device(chosen.info)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
     budget = args.budget
     budget_source = "--budget"
     if budget is None:
-        if backend == "gpu":
-            budget, budget_source = int(gpu_info["total_bytes"]), f"memory of GPU {gpu_info['name']} (NVML)"
-        elif backend == "simulate":
-            budget, budget_source = get_device(device).memory_bytes, f"memory of device profile {device}"
-        else:
-            budget_source = "derived"
+        budget, budget_source = backend.default_budget(device=device, gpu_info=chosen.info)
     timeout = args.timeout
-    if timeout is None and backend == "emulated":
-        timeout = DEFAULT_EMULATED_TIMEOUT_S
+    if timeout is None:
+        timeout = backend.default_timeout_s
     if timeout == 0:
         timeout = None
     settings = SearchSettings(
         study=study, model=args.model, model_options=options, backend=backend, budget_bytes=budget,
-        budget_source=budget_source, device=device, trials=args.trials or DEFAULT_TRIALS[backend],
+        budget_source=budget_source, device=device, trials=args.trials or backend.default_trials,
         screen_trials=args.screen_trials, storage=storage, studies_dir=args.studies_dir, timeout_s=timeout,
         trial_timeout_s=args.trial_timeout or 600.0, seed=args.seed, steps=args.steps, warmup=args.warmup,
         safety_margin=args.safety_margin, max_batch=args.max_batch, sampler=args.sampler, prefer=args.prefer,
-        min_throughput_ratio=args.min_throughput_ratio, gpu=args.gpu, gpus=gpu_list,
-        workers=len(gpu_list) if gpu_list else (args.workers if backend == "emulated" else 1),
+        min_throughput_ratio=args.min_throughput_ratio, gpu=args.gpu, gpus=chosen.gpus, workers=chosen.workers,
         workload=desc, notes=tuple(notes))
     stored = _stored_settings(storage, study)
+    from .settings import study_settings_conflict
+
     conflict = study_settings_conflict(stored, settings)
     if conflict:
         raise BadInput(conflict)
@@ -426,17 +396,12 @@ def _stored_settings(storage: StorageSpec, study: str) -> dict[str, Any] | None:
 def cmd_search(args: argparse.Namespace) -> int:
     from .outputs import format_recommendation
     from .progress import Progress
-    from .search import BadInput as SearchBadInput, SearchError, run_search
+    from .errors import SearchError
+    from .search import run_search
 
-    settings = build_search_settings(args)
-    for note in settings.notes:
-        log.info("note: %s", note)
-    log.info("study %s: model %s, backend %s, storage %s", settings.study, settings.model, settings.backend,
-             settings.storage.display)
+    settings = build_search_settings(args)  # BadInput: one line, exit 2, nothing logged before it
     try:
         outcome = run_search(settings, progress=Progress(disabled=True if args.quiet else None))
-    except SearchBadInput as exc:
-        raise BadInput(str(exc)) from None
     except SearchError as exc:
         _err(f"search failed: {exc}")
         return EXIT_FAILURE
@@ -548,13 +513,14 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | None:
     from .outputs import build_recommendation, select_recommendation
-    from .search import SearchSettings
+    from .backends import backend_named
+    from .settings import SearchSettings
 
     spec, _, study = _open_existing(args)
     stored = study.user_attrs.get("tuner") or {}
     settings = SearchSettings(
         study=args.study, model=stored.get("model", "?"), model_options=stored.get("model_options", {}),
-        backend=stored.get("backend", "simulate"), budget_bytes=stored.get("budget_bytes"), budget_source="stored",
+        backend=backend_named(stored.get("backend")) or get_backend("simulate"), budget_bytes=stored.get("budget_bytes"), budget_source="stored",
         device=stored.get("device", ""), trials=0, screen_trials=0, storage=spec, studies_dir=args.studies_dir,
         workload=stored.get("workload", {}))
     trials = study.get_trials(deepcopy=False)
@@ -611,7 +577,7 @@ def _study_rows(args: argparse.Namespace, spec: StorageSpec) -> list[tuple[str, 
     """`list`'s rows for the studies in one storage."""
     import optuna
 
-    from .search import _counted
+    from .records import counted
     from .storage import open_storage
 
     rows = []
@@ -628,7 +594,7 @@ def _study_rows(args: argparse.Namespace, spec: StorageSpec) -> list[tuple[str, 
             except (ValueError, KeyError):
                 best = "(unreadable recommended.json)"
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
-        evaluated = sum(1 for t in study.get_trials(deepcopy=False) if _counted(t))
+        evaluated = sum(1 for t in study.get_trials(deepcopy=False) if counted(t))
         rows.append((summary.study_name, str(evaluated), attrs.get("model", "?"),
                      attrs.get("backend", "?"), format_bytes(attrs.get("budget_bytes")),
                      summary.user_attrs.get("role", ""), best))

@@ -15,11 +15,10 @@ import socket
 from pathlib import Path
 from typing import Any
 
-__all__ = ["gpus", "tensorflow_distribution", "default_backend", "environment_info", "BACKENDS"]
+__all__ = ["gpus", "tensorflow_distribution", "default_backend", "environment_info"]
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("gpu", "emulated", "simulate")
 _TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tf-nightly-cpu",
                      "tensorflow-macos", "intel-tensorflow")
 
@@ -46,7 +45,7 @@ def tensorflow_distribution() -> tuple[str, str] | None:
 
 
 def default_backend() -> tuple[str, str]:
-    """(backend, why): ``gpu`` with a visible GPU and a CUDA TensorFlow, else ``emulated``."""
+    """(backend name, why): ``gpu`` with a visible GPU and a CUDA TensorFlow, else ``emulated``."""
     found = gpus()
     tf = tensorflow_distribution()
     if found and tf is not None and not tf[0].endswith("-cpu"):
@@ -81,13 +80,14 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def environment_info(*, backend: str, gpu_index: int | None = None) -> dict[str, Any]:
+def environment_info(*, backend: Any, gpu_index: int | None = None) -> dict[str, Any]:
     """JSON-ready description of this machine for recommended.json.
 
-    ``device_name`` / ``driver_version`` are the GPU's for the gpu backend; for
-    emulated runs the device is this CPU with TensorFlow's BFC allocator; for
-    the simulate backend there is no device (the profile is recorded elsewhere).
+    ``device_name`` / ``driver_version`` come from the backend (`tuner.backends.Backend.device_info`):
+    the GPU's for gpu; this CPU with TensorFlow's BFC allocator for emulated; none for simulate.
     """
+    from .backends import get_backend
+
     tf = tensorflow_distribution()
     info: dict[str, Any] = {
         "hostname": socket.gethostname(),
@@ -104,15 +104,5 @@ def environment_info(*, backend: str, gpu_index: int | None = None) -> dict[str,
         "device_name": None,
         "driver_version": None,
     }
-    if backend == "gpu":
-        found = gpus()
-        chosen = next((g for g in found if g["index"] == (gpu_index or 0)), found[0] if found else None)
-        if chosen:
-            info["device_name"] = chosen["name"]
-            info["driver_version"] = chosen["driver_version"]
-            info["device_memory_bytes"] = chosen["total_bytes"]
-    elif backend == "emulated":
-        info["device_name"] = f"emulated device on CPU ({info['cpu']}), TensorFlow BFC allocator"
-    else:
-        info["device_name"] = "none (simulated)"
+    info.update(get_backend(backend).device_info(info, gpu_index=gpu_index))
     return info

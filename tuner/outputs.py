@@ -27,10 +27,15 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from lms.config import LMSConfig, atomic_write_text
 
+from . import RECOMMENDATION_SCHEMA
+from . import RECOMMENDATION_VERSION as SCHEMA_VERSION
+from .backends import Backend, get_backend
 from .budget import format_bytes
+from .knobs import KNOB_TABLE, KnobTable
+from .pareto import dominates
 
 if TYPE_CHECKING:
-    from .search import SearchSettings
+    from .settings import SearchSettings
 
 __all__ = [
     "RECOMMENDATION_SCHEMA", "SCHEMA_VERSION", "source_label", "feasible_trials", "pareto_front",
@@ -40,18 +45,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-RECOMMENDATION_SCHEMA = "tuner.recommendation"
-SCHEMA_VERSION = 1
-KNOBS = ("n_tensors", "lb", "ub", "fuse_swapins", "ctrld_strategy", "swap_branches", "branch_threshold")
 
 
-def source_label(backend: str, *, measured: bool, device: str = "", device_name: str = "") -> str:
-    """Where a figure comes from, in words (goes next to every number)."""
-    if not measured:
-        return f"predicted (simulator, device profile {device})" if device else "predicted (simulator)"
-    if backend == "emulated":
-        return "measured on the emulated device (CPU, TensorFlow BFC allocator)"
-    return f"measured on GPU ({device_name})" if device_name else "measured on GPU"
+def source_label(backend: "str | Backend", *, measured: bool, device: str = "", device_name: str = "") -> str:
+    """Where a figure comes from, in words (goes next to every number; `tuner.backends.Backend.source_label`)."""
+    return get_backend(backend).source_label(measured=measured, device=device, device_name=device_name)
 
 
 # ---------------------------------------------------------------- choosing
@@ -72,7 +70,7 @@ def feasible_trials(trials: Iterable[Any]) -> list[Any]:
 
 def pareto_front(trials: Sequence[Any]) -> list[Any]:
     """Non-dominated trials (both objectives maximised), sorted by batch size, one per (batch, throughput)."""
-    front = [t for t in trials if not any(_dominates(o.values, t.values) for o in trials)]
+    front = [t for t in trials if not any(dominates(o.values, t.values) for o in trials)]
     seen: set[tuple[float, float]] = set()
     unique = []
     for t in sorted(front, key=lambda t: (t.values[0], -t.values[1], t.number)):
@@ -81,10 +79,6 @@ def pareto_front(trials: Sequence[Any]) -> list[Any]:
             seen.add(key)
             unique.append(t)
     return unique
-
-
-def _dominates(a: Sequence[float], b: Sequence[float]) -> bool:
-    return all(x >= y for x, y in zip(a, b)) and any(x > y for x, y in zip(a, b))
 
 
 def select_recommendation(trials: Sequence[Any], *, prefer: str = "batch",
@@ -144,7 +138,7 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
         "usable_bytes": int(usable_bytes),
         "safety_margin": settings.safety_margin,
         "budget_source": budget_source,
-        "backend": settings.backend,
+        "backend": settings.backend.name,
         "measured": measured,
         "sources": {"batch_size": label, "throughput": label, "peak_device_bytes": label,
                     "predicted": predicted_label},
@@ -200,7 +194,7 @@ def read_recommendation(path: Path) -> dict[str, Any]:
 def format_recommendation(doc: Mapping[str, Any]) -> str:
     """Human-readable summary; every figure carries its source."""
     cfg = doc["config"]
-    knobs = " ".join(f"{k}={cfg[k]}" for k in KNOBS if k in cfg)
+    knobs = " ".join(f"{k}={cfg[k]}" for k in KNOB_TABLE.columns if k in cfg)
     src = doc["sources"]["batch_size"]
     options = " ".join(f"{k}={v}" for k, v in (doc.get("model_options") or {}).items())
     lines = [
@@ -236,8 +230,8 @@ def format_recommendation(doc: Mapping[str, Any]) -> str:
 
 # ---------------------------------------------------------------- trials.csv
 
-def trials_rows(study: Any, *, label: str) -> list[dict[str, Any]]:
-    """One dict per trial: the trial-record columns, the knobs, timing and provenance."""
+def trials_rows(study: Any, *, label: str, table: KnobTable = KNOB_TABLE) -> list[dict[str, Any]]:
+    """One dict per trial: the trial-record columns, the knobs (`table`'s columns), timing and provenance."""
     rows = []
     for t in study.get_trials(deepcopy=False):
         a = t.user_attrs
@@ -255,7 +249,7 @@ def trials_rows(study: Any, *, label: str) -> list[dict[str, Any]]:
             "predicted_throughput": a.get("predicted_throughput"),
             "constraint": (a.get("constraint") or [None])[0], "reason": a.get("reason", ""),
         }
-        for k in KNOBS:
+        for k in table.columns:
             row[k] = cfg.get(k, t.params.get(k))
         row["config"] = json.dumps(cfg, sort_keys=True) if cfg else ""
         for k in ("step_time_median_s", "step_time_spread_s", "host_peak_rss_bytes", "nvml_process_peak_bytes",
@@ -268,11 +262,11 @@ def trials_rows(study: Any, *, label: str) -> list[dict[str, Any]]:
     return rows
 
 
-def write_trials_csv(path: Path, studies: Sequence[tuple[str, Any]]) -> Path:
+def write_trials_csv(path: Path, studies: Sequence[tuple[str, Any]], *, table: KnobTable = KNOB_TABLE) -> Path:
     """trials.csv (pandas) of the main study and, after it, the screening study."""
     import pandas as pd
 
-    rows = [r for label, study in studies for r in trials_rows(study, label=label)]
+    rows = [r for label, study in studies for r in trials_rows(study, label=label, table=table)]
     frame = pd.DataFrame(rows)
     buf = io.StringIO()
     frame.to_csv(buf, index=False)

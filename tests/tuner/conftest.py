@@ -28,13 +28,14 @@ def run_cli(args: list[str], *, cwd: Path, timeout: float = 300, env: dict | Non
 @pytest.fixture(scope="session")
 def tiny_graph_doc(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The trace worker's graph.json for the tiny residual CNN (TensorFlow runs once, in a worker)."""
-    from tuner.trial import run_worker, worker_env
+    from tuner.protocol import TraceRequest
+    from tuner.worker import run_worker, worker_env
 
     tmp = tmp_path_factory.mktemp("trace")
     out = tmp / "graph.json"
-    outcome = run_worker({"mode": "trace", "workload": TINY_MODEL, "options": TINY_OPTIONS,
-                          "key": {"model": TINY_MODEL, "model_options": TINY_OPTIONS}, "output": str(out)},
-                         workdir=tmp / "work", timeout_s=300, env=worker_env("emulated"))
+    outcome = run_worker(TraceRequest(workload=TINY_MODEL, options=TINY_OPTIONS,
+                                      key={"model": TINY_MODEL, "model_options": TINY_OPTIONS}, output=str(out)),
+                         workdir=tmp / "work", timeout_s=300, env=worker_env())
     assert outcome.status == "ok", (outcome.reason, outcome.log_path.read_text()[-2000:])
     return json.loads(out.read_text())
 

@@ -42,7 +42,7 @@ def test_default_emulated_budget_fits_the_reference_batch_on_the_emulated_device
     # "cpu" profile): there the no-LMS step fits the reference batch and not twice it
     from lms.simulator import max_batch
     from tests.synthetic import residual
-    from tuner.search import derive_emulated_budget
+    from tuner.graphs import derive_emulated_budget
 
     g = residual(6, per_sample_bytes=MiB)
     budget = derive_emulated_budget(g, reference_batch=32)

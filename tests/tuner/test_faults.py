@@ -1,7 +1,7 @@
 """Fault injection: trials killed, out of memory, timed out, raising; the search process killed; Ctrl-C.
 
 Faults are injected with the test-only hook ``LMS_TUNER_FAULT`` read by
-`tuner.trial` (see `tuner.trial.FAULT_ENV`): ``kind@N`` acts out `kind` in the
+`tuner.trial` (see `tuner.faults.FAULT_ENV`): ``kind@N`` acts out `kind` in the
 worker of measured trial N, ``kind@*`` in every other one; ``ok`` returns a
 synthetic result without TensorFlow, so each study takes seconds. Every test
 reports its figures (trials attempted, faults by kind, recorded, lost,
@@ -23,8 +23,8 @@ import optuna
 import pytest
 
 from lms import LMSConfig
-from tuner.search import canonical_key
-from tuner.trial import injected_fault
+from tuner.faults import injected_fault
+from tuner.knobs import canonical_key
 
 from .conftest import ROOT, TINY_MODEL, report_fault_figures
 
@@ -124,9 +124,9 @@ def test_each_fault_is_recorded_and_the_study_continues(tmp_path: Path, seed_gra
     assert "timed out after 3 s" in by_number[next(n for n, k in injected.items() if k == "hang")].user_attrs["reason"]
     assert "model code raised" in by_number[next(n for n, k in injected.items() if k == "raise")].user_attrs["reason"]
     # the study went on to its 8 evaluated configs after the faults
-    from tuner.search import _counted
+    from tuner.records import counted
 
-    assert sum(1 for t in study.get_trials(deepcopy=False) if _counted(t)) == 8
+    assert sum(1 for t in study.get_trials(deepcopy=False) if counted(t)) == 8
     _check_outputs(tmp_path)
     f = figures(study, injected)
     report_fault_figures("each fault kind", f)
@@ -178,17 +178,17 @@ def test_machine_caused_failure_is_queued_again_and_measured(tmp_path: Path, see
     assert proc.returncode == 0, proc.stderr
     study = _study(tmp_path)
     trials = study.get_trials(deepcopy=False)
-    from tuner.search import _counted
+    from tuner.records import counted
 
     injected = _injected(tmp_path)
     assert injected == {2: "rofs"}
     for number in injected:
         t = trials[number]
         assert t.state == optuna.trial.TrialState.FAIL and t.user_attrs["status"] == "machine_error"
-        assert "not the config" in t.user_attrs["reason"] and not _counted(t)
+        assert "not the config" in t.user_attrs["reason"] and not counted(t)
         retry = [r for r in trials if r.user_attrs.get("retry_of") == number]
         assert len(retry) == 1 and retry[0].params == t.params and retry[0].user_attrs["status"] == "ok"
-    assert sum(1 for t in trials if _counted(t)) == 5
+    assert sum(1 for t in trials if counted(t)) == 5
     _check_outputs(tmp_path)
     f = figures(study, injected)
     report_fault_figures("machine-caused failures (queued again)", f)
@@ -211,9 +211,9 @@ def test_two_searches_started_together_share_the_study(storage: str | None, tmp_
     owners = {t.user_attrs["owner"]["pid"] for t in trials if "owner" in t.user_attrs}
     assert owners == {p.pid for p in procs}  # both ran trials
     assert sum(1 for t in trials if t.user_attrs.get("warm_start")) == 2  # the warm start queued once
-    from tuner.search import _counted
+    from tuner.records import counted
 
-    assert 8 <= sum(1 for t in trials if _counted(t)) <= 9  # at most one more than asked: the last slot raced
+    assert 8 <= sum(1 for t in trials if counted(t)) <= 9  # at most one more than asked: the last slot raced
     f = figures(study, {})
     report_fault_figures(f"two searches started together ({'journal' if storage else 'sqlite'})", f)
     assert f["lost"] == 0 and f["duplicates"] == 0
@@ -223,7 +223,8 @@ def test_worker_death_recovered_by_heartbeat(tmp_path: Path) -> None:
     """A trial whose process (on another machine) stopped its heartbeat is failed and queued again, once."""
     import warnings
 
-    from tuner.search import SearchSpace, recover_stale_trials
+    from tuner.recovery import recover_stale_trials
+    from tuner.space import SearchSpace
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -305,9 +306,9 @@ def test_interrupt_stops_the_trial_keeps_outputs_and_resumes(sig: int, tmp_path:
     assert {t.number: t.datetime_start for t in trials if t.number in done} == done  # none redone
     retry = [t for t in trials if t.user_attrs.get("retry_of") == number]
     assert len(retry) == 1 and retry[0].params == stopped.params and retry[0].user_attrs["status"] == "ok"
-    from tuner.search import _counted
+    from tuner.records import counted
 
-    assert sum(1 for t in trials if _counted(t)) == 6
+    assert sum(1 for t in trials if counted(t)) == 6
     assert _check_outputs(tmp_path)["schema_version"] == first_doc["schema_version"]
     f = figures(study, _injected(tmp_path))
     report_fault_figures(f"{signal.Signals(sig).name} during search", f)
@@ -324,9 +325,9 @@ def test_parallel_workers_with_faults(tmp_path: Path, seed_graph) -> None:
     trials = study.get_trials(deepcopy=False)
     owners = {t.user_attrs["owner"]["pid"] for t in trials if "owner" in t.user_attrs}
     assert len(owners) == 1  # threads of one process
-    from tuner.search import _counted
+    from tuner.records import counted
 
-    assert 9 <= sum(1 for t in trials if _counted(t)) <= 9 + 2
+    assert 9 <= sum(1 for t in trials if counted(t)) <= 9 + 2
     injected = _injected(tmp_path)
     for number, kind in injected.items():
         assert trials[number].user_attrs["status"] == EXPECTED_STATUS[kind]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from tuner import search
+from tuner import recovery
+from tuner.records import counted
 
 
 def _study_with_unclaimed_trial() -> tuple[optuna.Study, int]:
@@ -16,17 +17,17 @@ def _study_with_unclaimed_trial() -> tuple[optuna.Study, int]:
 
 def test_a_fresh_unclaimed_trial_is_left_alone():
     study, number = _study_with_unclaimed_trial()
-    assert search.recover_stale_trials(study) == 0
+    assert recovery.recover_stale_trials(study) == 0
     assert study.trials[number].state == optuna.trial.TrialState.RUNNING
 
 
 def test_an_old_unclaimed_trial_is_recovered(monkeypatch: pytest.MonkeyPatch):
     study, number = _study_with_unclaimed_trial()
-    monkeypatch.setattr(search, "_ORPHAN_AFTER_S", -1.0)  # "old": started before the grace period
-    assert search.recover_stale_trials(study) == 1
+    monkeypatch.setattr(recovery, "ORPHAN_AFTER_S", -1.0)  # "old": started before the grace period
+    assert recovery.recover_stale_trials(study) == 1
     t = study.trials[number]
     assert t.state == optuna.trial.TrialState.FAIL and t.user_attrs["status"] == "interrupted"
     assert "before claiming it" in t.user_attrs["reason"]
-    assert not search._counted(t)
+    assert not counted(t)
     # it had drawn no params: nothing is queued again
     assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))

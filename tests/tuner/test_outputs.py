@@ -11,7 +11,7 @@ import pytest
 from lms import LMSConfig
 from tuner.outputs import (format_recommendation, pareto_front, read_recommendation, select_recommendation,
                            source_label, write_outputs)
-from tuner.search import SearchSettings
+from tuner.settings import SearchSettings
 from tuner.storage import resolve_storage
 
 MiB = 1 << 20

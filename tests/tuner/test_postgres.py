@@ -17,7 +17,8 @@ from pathlib import Path
 import optuna
 
 from lms import LMSConfig
-from tuner.search import _counted, canonical_key
+from tuner.knobs import canonical_key
+from tuner.records import counted
 from tuner.storage import engine_url
 
 from .conftest import PG_PASSWORD, ROOT, TINY_MODEL, report_fault_figures
@@ -49,10 +50,10 @@ def test_concurrent_workers_share_one_study(postgres_url: str, tmp_path: Path, s
     owners = {t.user_attrs["owner"]["pid"] for t in trials if "owner" in t.user_attrs}
     assert len(owners) >= 2  # the work was shared
     assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
-    evaluated = sum(1 for t in trials if _counted(t))
+    evaluated = sum(1 for t in trials if counted(t))
     # each process stops once done + running reaches --trials; one trial per other process may be in flight then
     assert TRIALS <= evaluated <= TRIALS + WORKERS - 1
-    keys = [canonical_key(LMSConfig.from_dict(t.user_attrs["config"])) for t in trials if _counted(t)]
+    keys = [canonical_key(LMSConfig.from_dict(t.user_attrs["config"])) for t in trials if counted(t)]
     assert len(keys) == len(set(keys)), Counter(keys).most_common(3)
     doc = json.loads((tmp_path / "studies" / study_name / "recommended.json").read_text())
     assert doc["schema"] == "tuner.recommendation" and doc["backend"] == "simulate"

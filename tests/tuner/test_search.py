@@ -16,8 +16,16 @@ from lms import LMSConfig
 from tests.synthetic import residual
 from tuner.batch import predict_max_batch, usable_bytes
 from tuner.progress import Progress
-from tuner.search import (SearchSettings, SearchSpace, _predicted_record, canonical_key, make_sampler, optimize,
-                          pareto_picks, recover_stale_trials, run_search, study_settings_conflict)
+from tuner.knobs import canonical_key
+from tuner.loop import optimize
+from tuner.pareto import pareto_picks
+from tuner.backends.simulate import predicted_record
+from tuner.records import TrialRecord
+from tuner.recovery import recover_stale_trials
+from tuner.search import run_search
+from tuner.settings import SearchSettings, study_settings_conflict
+from tuner.space import SearchSpace
+from tuner.study import make_sampler
 from tuner.storage import open_storage, resolve_storage
 
 MiB = 1 << 20
@@ -90,7 +98,7 @@ def _simulated_study(graph, budget: int, *, n_trials: int, seed: int = 0, storag
         study.enqueue_trial(params, user_attrs={"warm_start": True}, skip_if_exists=True)
 
     def evaluate(config, trial):
-        return _predicted_record(config, predict_max_batch(graph, config, usable, device="V100-16GB", cap=4096),
+        return predicted_record(config, predict_max_batch(graph, config, usable, device="V100-16GB", cap=4096),
                                  usable=usable, device="V100-16GB")
 
     ran = optimize(study, space, evaluate, n_trials=n_trials, deadline=None, progress=Progress(disabled=True),
@@ -141,7 +149,6 @@ def test_duplicates_are_answered_from_the_study_and_not_counted() -> None:
 
     def evaluate(config, trial):
         calls.append(canonical_key(config))
-        from tuner.search import TrialRecord
         return TrialRecord(config, "simulate", False, "ok", 8 + len(calls), 1.0, 10, "sim", 10, 1.0,
                            constraint=-0.5)
 
@@ -154,11 +161,10 @@ def test_duplicates_are_answered_from_the_study_and_not_counted() -> None:
 
 
 def test_exhausted_space_stops() -> None:
-    space = SearchSpace(n_candidates=1, lb_high=1, branch_low=10, branch_high=10)
+    space = SearchSpace(n_candidates=1, ranges={"lb": range(1, 2), "branch_threshold": (10,)})
     assert space.n_distinct == 1 + 1 * 1 * 2 * 2 * 2  # off, or n=1 x fuse x strategy x (no branches, 10)
 
     def evaluate(config, trial):
-        from tuner.search import TrialRecord
         return TrialRecord(config, "simulate", False, "ok", 8, 1.0, 10, "sim", 10, 1.0, constraint=-0.5)
 
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=make_sampler("random", seed=0))
@@ -256,7 +262,7 @@ def test_run_search_simulate_writes_outputs(tmp_path: Path) -> None:
 
 
 def test_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
-    from tuner.search import BadInput
+    from tuner.errors import BadInput
 
     settings = _settings(tmp_path, trials=3)
     _seed_cache(settings, residual(3))
@@ -288,7 +294,6 @@ def test_parallel_workers_share_one_study_without_double_work() -> None:
     lock = threading.Lock()
 
     def evaluate(config, trial):
-        from tuner.search import TrialRecord
         with lock:
             seen.append((trial.number, canonical_key(config)))
         _time.sleep(0.02)

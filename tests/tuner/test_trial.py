@@ -9,24 +9,26 @@ import pytest
 
 from lms import LMSConfig
 from tuner.batch import Prediction
-from tuner.search import _measured_record
-from tuner.trial import WorkerOutcome, run_worker, worker_env
+from tuner.backends import get_backend
+from tuner.protocol import DescribeRequest, MeasureResult, TraceRequest
+from tuner.backends.measured import measured_record
+from tuner.worker import WorkerOutcome, run_worker, worker_env
 
 MiB = 1 << 20
 
 
 def test_worker_env_per_backend() -> None:
-    gpu = worker_env("gpu", gpu="1")
+    gpu = get_backend("gpu").worker_env(gpu="1")
     assert gpu["CUDA_VISIBLE_DEVICES"] == "1" and gpu["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
-    emulated = worker_env("emulated")
+    assert get_backend("gpu").worker_env()["CUDA_VISIBLE_DEVICES"] == "0"
+    emulated = get_backend("emulated").worker_env()
     assert emulated["CUDA_VISIBLE_DEVICES"] == "" and emulated["TF_CPU_ALLOCATOR_USE_BFC"] == "true"
 
 
 def test_timeout_kills_the_worker(tmp_path: Path) -> None:
     start = time.monotonic()
-    out = run_worker({"mode": "trace", "workload": "resnet50", "options": {}, "key": {},
-                      "output": str(tmp_path / "g.json")}, workdir=tmp_path, timeout_s=1.0,
-                     env=worker_env("emulated"))
+    out = run_worker(TraceRequest(workload="resnet50", output=str(tmp_path / "g.json")), workdir=tmp_path,
+                     timeout_s=1.0, env=worker_env())
     assert out.status == "timeout" and "timed out" in out.reason
     assert out.returncode is not None and out.returncode != 0
     assert time.monotonic() - start < 15
@@ -34,40 +36,39 @@ def test_timeout_kills_the_worker(tmp_path: Path) -> None:
 
 
 def test_should_stop_stops_the_worker(tmp_path: Path) -> None:
-    out = run_worker({"mode": "trace", "workload": "resnet50", "options": {}, "key": {},
-                      "output": str(tmp_path / "g.json")}, workdir=tmp_path, timeout_s=60,
-                     env=worker_env("emulated"), should_stop=lambda: True)
+    out = run_worker(TraceRequest(workload="resnet50", output=str(tmp_path / "g.json")), workdir=tmp_path,
+                     timeout_s=60, env=worker_env(), should_stop=lambda: True)
     assert out.status == "stopped"
 
 
 def test_bad_workload_is_bad_input(tmp_path: Path) -> None:
-    out = run_worker({"mode": "describe", "workload": "no_such_model", "options": {}}, workdir=tmp_path,
-                     timeout_s=60, env=worker_env("emulated"))
+    out = run_worker(DescribeRequest(workload="no_such_model"), workdir=tmp_path, timeout_s=60, env=worker_env())
     assert out.status == "bad_input" and out.returncode == 2
     assert "unknown model 'no_such_model'" in out.reason and "resnet50" in out.reason
 
 
 def test_describe_user_workload(tmp_path: Path) -> None:
-    out = run_worker({"mode": "describe", "workload": "examples.user_model:make_workload",
-                      "options": {"image_size": 16}}, workdir=tmp_path, timeout_s=60, env=worker_env("emulated"))
+    out = run_worker(DescribeRequest(workload="examples.user_model:make_workload", options={"image_size": 16}),
+                     workdir=tmp_path, timeout_s=60, env=worker_env())
     assert out.status == "ok", out.reason
-    assert out.result["workload"]["x_shape"] == [16, 16, 3]
+    assert out.result.workload["x_shape"] == [16, 16, 3]
 
 
 PRED = Prediction(batch=40, peak_bytes=90 * MiB, step_time_s=0.1, throughput=400.0, slope_bytes_per_sample=MiB)
 
 
 def _outcome(status: str, result: dict | None = None, events=(), reason: str = "") -> WorkerOutcome:
-    return WorkerOutcome(status, result, tuple(events), 0, reason, Path("/tmp/w.log"), 3.0)
+    typed = None if result is None else MeasureResult.from_dict(result)
+    return WorkerOutcome(status, typed, tuple(events), 0, reason, Path("/tmp/w.log"), 3.0)
 
 
-def test_ok_outcome_becomes_measured_record() -> None:
+def test_ok_outcome_becomesmeasured_record() -> None:
     result = {"status": "ok", "batch_size": 36, "throughput": 300.0, "peak_device_bytes": 94 * MiB,
               "peak_source": "tf-bfc-cpu", "step_time_median_s": 0.12, "step_time_spread_s": 0.01,
               "host_peak_rss_bytes": 500 * MiB}
     events = [{"event": "probe", "batch": 40, "fits": False, "peak_bytes": 99 * MiB},
               {"event": "probe", "batch": 36, "fits": True, "peak_bytes": 94 * MiB}]
-    r = _measured_record(LMSConfig(), _outcome("ok", result, events), PRED, backend="emulated",
+    r = measured_record(LMSConfig(), _outcome("ok", result, events), PRED, backend=get_backend("emulated"),
                          usable=95 * MiB, trial_dir=Path("/t"))
     assert (r.status, r.measured, r.batch_size, r.throughput) == ("ok", True, 36, 300.0)
     assert r.peak_device_bytes == 94 * MiB and r.constraint <= 0
@@ -78,9 +79,9 @@ def test_ok_outcome_becomes_measured_record() -> None:
 
 @pytest.mark.parametrize("status", ["infeasible", "oom"])
 def test_oom_and_infeasible_violate_the_constraint(status: str) -> None:
-    r = _measured_record(LMSConfig(), _outcome(status, {"status": status, "peak_device_bytes": 120 * MiB},
+    r = measured_record(LMSConfig(), _outcome(status, {"status": status, "peak_device_bytes": 120 * MiB},
                                                reason="batch 1 does not fit"),
-                         PRED, backend="gpu", usable=100 * MiB, trial_dir=Path("/t"))
+                         PRED, backend=get_backend("gpu"), usable=100 * MiB, trial_dir=Path("/t"))
     assert r.status == status and r.batch_size == 0 and r.constraint == pytest.approx(0.2)
     assert not r.failed and r.measured
 
@@ -88,21 +89,21 @@ def test_oom_and_infeasible_violate_the_constraint(status: str) -> None:
 @pytest.mark.parametrize("status", ["timeout", "killed"])
 def test_timeout_and_killed_are_infeasible_results(status: str) -> None:
     events = [{"event": "probe", "batch": 8, "fits": True, "peak_bytes": 50 * MiB}]
-    r = _measured_record(LMSConfig(), _outcome(status, None, events, reason=f"worker {status}"), PRED,
-                         backend="emulated", usable=100 * MiB, trial_dir=Path("/t"))
+    r = measured_record(LMSConfig(), _outcome(status, None, events, reason=f"worker {status}"), PRED,
+                         backend=get_backend("emulated"), usable=100 * MiB, trial_dir=Path("/t"))
     assert r.status == status and r.constraint > 0 and not r.failed
     assert "largest batch seen to fit: 8" in r.reason
 
 
 def test_error_fails_the_trial() -> None:
-    r = _measured_record(LMSConfig(), _outcome("error", {"status": "error", "reason": "boom"}, reason="boom"), PRED,
-                         backend="emulated", usable=100 * MiB, trial_dir=Path("/t"))
+    r = measured_record(LMSConfig(), _outcome("error", {"status": "error", "reason": "boom"}, reason="boom"), PRED,
+                         backend=get_backend("emulated"), usable=100 * MiB, trial_dir=Path("/t"))
     assert r.failed and not r.requeue and r.status == "error" and "/tmp/w.log" in r.reason
 
 
 def test_worker_without_a_result_is_a_machine_error_queued_again() -> None:
     """It wrote no result (e.g. the study folder turned read-only): nothing is known about the config."""
-    r = _measured_record(LMSConfig(), _outcome("error", None, reason="worker exited with code 1 without a result"),
-                         PRED, backend="emulated", usable=100 * MiB, trial_dir=Path("/t"))
+    r = measured_record(LMSConfig(), _outcome("error", None, reason="worker exited with code 1 without a result"),
+                         PRED, backend=get_backend("emulated"), usable=100 * MiB, trial_dir=Path("/t"))
     assert r.failed and r.requeue and r.status == "machine_error"
     assert "not the config" in r.reason and "/tmp/w.log" in r.reason

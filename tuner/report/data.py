@@ -22,6 +22,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from ..knobs import KNOB_TABLE, KnobTable
+from ..pareto import dominates
 from .provenance import Recommendation, environment_rows, measurement_note
 
 __all__ = [
@@ -33,9 +35,8 @@ __all__ = [
 
 FAILURE_STATUSES = ("infeasible", "oom", "timeout", "killed", "error")
 
-# LMSConfig fields, as trial-table columns (the config dict of each trial record).
-KNOB_COLUMNS = ("n_tensors", "lb", "ub", "fuse_swapins", "ctrld_strategy", "swap_branches",
-                "branch_threshold")
+# LMSConfig fields, as trial-table columns (the config dict of each trial record): `tuner.knobs`.
+KNOB_COLUMNS = KNOB_TABLE.columns
 
 _RECORD_COLUMNS = ("batch_size", "throughput", "peak_device_bytes", "peak_source", "backend",
                    "measured", "predicted_peak_bytes", "predicted_throughput", "status", "reason",
@@ -44,11 +45,11 @@ _RECORD_COLUMNS = ("batch_size", "throughput", "peak_device_bytes", "peak_source
 
 # ---- trials ----------------------------------------------------------------------------------
 
-def trials_frame(trials: Iterable[Any]) -> pd.DataFrame:
+def trials_frame(trials: Iterable[Any], *, table: KnobTable = KNOB_TABLE) -> pd.DataFrame:
     """One row per Optuna trial (``FrozenTrial``), in trial-number order.
 
     Columns: ``number``, ``state`` (Optuna's, lower case), the record fields,
-    the knobs (`KNOB_COLUMNS`, from the trial's ``config``, falling back to its
+    the knobs (`table`'s columns, from the trial's ``config``, falling back to its
     params), ``params`` (the searched values, a dict), ``constraint`` (max of the
     constraint values, NaN if none), ``feasible`` (finished, status ``ok`` and no
     constraint above 0), ``lms`` (the config swaps something), ``peak_bytes``
@@ -66,13 +67,13 @@ def trials_frame(trials: Iterable[Any]) -> pd.DataFrame:
             row["status"] = {"complete": "ok", "fail": "error", "pruned": "infeasible"}.get(state, state)
         config = attrs.get("config") if isinstance(attrs.get("config"), Mapping) else {}
         params = dict(t.params)
-        for knob in KNOB_COLUMNS:
+        for knob in table.columns:
             row[knob] = config.get(knob, params.get(knob))
         row["config"] = dict(config)
         row["params"] = params
         row["constraint"] = _constraint(t, attrs)
         rows.append(row)
-    columns = ["number", "state", *_RECORD_COLUMNS, *KNOB_COLUMNS, "config", "params", "constraint"]
+    columns = ["number", "state", *_RECORD_COLUMNS, *table.columns, "config", "params", "constraint"]
     df = pd.DataFrame(rows, columns=columns)
     for col in ("batch_size", "throughput", "peak_device_bytes", "predicted_peak_bytes",
                 "predicted_throughput", "predicted_batch", "constraint"):
@@ -155,10 +156,9 @@ def pareto_mask(points: np.ndarray | Sequence[Sequence[float]], *, maximize: Seq
     goal = pts * signs  # larger is better in every column
     valid = ~np.isnan(goal).any(axis=1)
     mask = valid.copy()
+    others = goal[valid]
     for i in np.flatnonzero(valid):
-        others = goal[valid]
-        dominated = (others >= goal[i]).all(axis=1) & (others > goal[i]).any(axis=1)
-        mask[i] = not dominated.any()
+        mask[i] = not any(dominates(o, goal[i]) for o in others)
     return mask
 
 
@@ -345,14 +345,14 @@ def prediction_check(df: pd.DataFrame) -> pd.DataFrame:
 # ---- the table -------------------------------------------------------------------------------------
 
 def trial_table(df: pd.DataFrame, *, recommended: int | None = None, baseline: int | None = None,
-                fronts: Sequence[ParetoFront] = ()) -> pd.DataFrame:
+                fronts: Sequence[ParetoFront] = (), table: KnobTable = KNOB_TABLE) -> pd.DataFrame:
     """The full trial table as written to CSV: one row per trial, plain values.
 
     Adds ``recommended``, ``baseline`` and ``pareto_<x>`` columns (on that front).
     """
     out = df[["number", "state", "status", "feasible", "batch_size", "throughput", "peak_device_bytes",
               "predicted_peak_bytes", "predicted_throughput", "peak_source", "backend", "measured",
-              *KNOB_COLUMNS, "constraint", "reason"]].copy()
+              *table.columns, "constraint", "reason"]].copy()
     out["params"] = df["params"].map(lambda p: ", ".join(f"{k}={v}" for k, v in sorted(p.items())))
     out["recommended"] = df["number"] == recommended
     out["baseline"] = df["number"] == baseline
@@ -385,6 +385,7 @@ class ReportData:
             measured runs (``<study>.simulated``) and its `trials_frame`, if any.
         timeline: the memory timeline (`tuner.report.timeline.Timeline`), or None.
         timeline_note: what the timeline shows, or why there is none.
+        knob_table: the knobs shown (`tuner.knobs.KNOB_TABLE`: `LMSConfig`'s fields).
     """
 
     study_name: str
@@ -405,6 +406,7 @@ class ReportData:
     screen_trials: pd.DataFrame | None = None
     timeline: Any = None
     timeline_note: str = ""
+    knob_table: KnobTable = KNOB_TABLE
 
     def row(self, number: int | None) -> Mapping[str, Any] | None:
         """The trials-frame row of trial `number` as a dict, or None."""
@@ -417,14 +419,14 @@ class ReportData:
 def report_data(study_name: str, trials: Iterable[Any], *, study_attrs: Mapping[str, Any],
                 recommendation: Recommendation | None, recommendation_path: str, generated: str,
                 timeline: Any = None, timeline_note: str = "", screen_name: str = "",
-                screen_trials: Iterable[Any] | None = None) -> ReportData:
+                screen_trials: Iterable[Any] | None = None, table: KnobTable = KNOB_TABLE) -> ReportData:
     """Compute every table and plot's data from a study's trials and recommendation.
 
     `screen_trials`: trials of the simulated screening study (``screen_name``)
     of a measured search, shown for context next to the measured ones.
     """
-    df = trials_frame(trials)
-    screen = trials_frame(screen_trials) if screen_trials is not None else None
+    df = trials_frame(trials, table=table)
+    screen = trials_frame(screen_trials, table=table) if screen_trials is not None else None
     rec_number = recommended_trial(df, recommendation)
     base_number = baseline_trial(df)
     budget = recommendation.budget_bytes if recommendation is not None else None
@@ -447,8 +449,8 @@ def report_data(study_name: str, trials: Iterable[Any], *, study_attrs: Mapping[
     return ReportData(
         study_name=study_name, generated=generated, environment=env,
         measurement_note=measurement_note(df, device=device), trials=df,
-        table=trial_table(df, recommended=rec_number, baseline=base_number, fronts=fronts),
+        table=trial_table(df, recommended=rec_number, baseline=base_number, fronts=fronts, table=table),
         recommendation=recommendation, recommendation_path=recommendation_path,
         recommended_trial=rec_number, baseline_trial=base_number, budget_bytes=budget,
         fronts=fronts, knobs=knobs, prediction=prediction_check(df), screen_name=screen_name,
-        screen_trials=screen, timeline=timeline, timeline_note=timeline_note)
+        screen_trials=screen, timeline=timeline, timeline_note=timeline_note, knob_table=table)

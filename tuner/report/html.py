@@ -18,7 +18,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from .data import KNOB_COLUMNS, ReportData
+from ..knobs import KNOB_TABLE, KnobTable
+from .data import ReportData
 
 __all__ = ["Image", "render_html", "CSP"]
 
@@ -118,16 +119,15 @@ def _img(image: Image | None, *, caption: str) -> str:
             f"<figcaption>{caption}{' Files: ' + files + '.' if files else ''}</figcaption></figure>")
 
 
-def _config_knobs(config: Mapping[str, Any]) -> str:
-    """``n_tensors=100, lb=5, fuse_swapins=true``: n_tensors and lb always, other fields where they
-    differ from LMSConfig's defaults (``n_tensors=0``: LMS off, nothing else matters)."""
-    from lms.config import LMSConfig
-
+def _config_knobs(config: Mapping[str, Any], table: KnobTable = KNOB_TABLE) -> str:
+    """``n_tensors=100, lb=5, fuse_swapins=true``: the knobs shown always (n_tensors, lb), other fields where
+    they differ from the config's defaults (``n_tensors=0``: LMS off, nothing else matters)."""
     if config.get("n_tensors") == 0:
         return "n_tensors=0 (LMS off)"
-    defaults = LMSConfig().to_dict()
+    defaults = table.config_cls().to_dict()
+    always = table.always_shown
     shown = [f"{k}={json.dumps(v)}" + (" (all)" if k == "n_tensors" and v == -1 else "")
-             for k, v in config.items() if k in ("n_tensors", "lb") or defaults.get(k, object()) != v]
+             for k, v in config.items() if k in always or defaults.get(k, object()) != v]
     return ", ".join(shown)
 
 
@@ -220,7 +220,7 @@ def _recommendation(data: ReportData) -> str:
     config_json = json.dumps(dict(rec.config), indent=2)
     return (f'<section id="recommendation" class="box"><h2>Recommendation</h2>'
             f'<p class="kind">{_e(trial)} · backend {_e(rec.backend or "–")} · <strong>{_e(kind)}</strong> · '
-            f"knobs: <code>{_e(_config_knobs(rec.config))}</code></p>"
+            f"knobs: <code>{_e(_config_knobs(rec.config, data.knob_table))}</code></p>"
             f'<div class="figs">{cells}</div>{warn}{about_html}'
             f"<p>Load and use it in a training script:</p><pre><code>{_e(code)}</code></pre>"
             f"<details><summary>Full configuration</summary><pre><code>{_e(config_json)}</code></pre></details>"
@@ -329,12 +329,12 @@ def _knobs(data: ReportData, images: Mapping[str, Image]) -> str:
             f'{_img(images.get("knobs"), caption=_e(caption))}<div class="pair">{"".join(parts)}</div></section>')
 
 
-def _varying_knobs(trials: pd.DataFrame) -> tuple[list[str], list[str]]:
-    """(knob columns that differ between trials, plus n_tensors and lb; ``k=v`` of the constant ones)."""
+def _varying_knobs(trials: pd.DataFrame, table: KnobTable = KNOB_TABLE) -> tuple[list[str], list[str]]:
+    """(knob columns that differ between trials, plus those always shown; ``k=v`` of the constant ones)."""
     shown, constant = [], []
-    for k in KNOB_COLUMNS:
+    for k in table.columns:
         values = {_plain(v) for v in trials[k]}
-        if k in ("n_tensors", "lb") or len(values) > 1:
+        if k in table.always_shown or len(values) > 1:
             shown.append(k)
         elif values and values != {"–"}:
             constant.append(f"{k}={values.pop()}")
@@ -342,7 +342,7 @@ def _varying_knobs(trials: pd.DataFrame) -> tuple[list[str], list[str]]:
 
 
 def _trial_table(data: ReportData) -> str:
-    knobs, constant = _varying_knobs(data.trials)
+    knobs, constant = _varying_knobs(data.trials, data.knob_table)
     rows, classes = [], []
     for r in data.trials.to_dict("records"):
         peak_kind = "predicted" if r["peak_is_predicted"] or not r["measured"] else "measured"

@@ -24,6 +24,8 @@ except ImportError as exc:  # pragma: no cover - matplotlib is a dependency of t
 
 import pandas as pd
 
+from ..budget import byte_unit
+
 if TYPE_CHECKING:
     from .data import KnobEffect, ParetoFront
     from .timeline import Timeline
@@ -63,14 +65,6 @@ def render(fig: Figure) -> RenderedFigure:
         fig.savefig(svg, format="svg", metadata={"Date": None, "Creator": None})
     width, height = canvas.get_width_height()
     return RenderedFigure(png=png.getvalue(), svg=svg.getvalue(), width_px=int(width), height_px=int(height))
-
-
-def byte_unit(max_bytes: float) -> tuple[float, str]:
-    """(divisor, unit) that shows `max_bytes` as a number below 1024: 2**30, "GiB" etc."""
-    for power, unit in ((40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")):
-        if max_bytes >= (1 << power):
-            return float(1 << power), unit
-    return 1.0, "B"
 
 
 def _trials(n: int) -> str:

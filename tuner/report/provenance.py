@@ -14,6 +14,8 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from ..backends import backend_named
+
 __all__ = ["Recommendation", "environment_rows", "measurement_note"]
 
 
@@ -157,10 +159,10 @@ def measurement_note(df: pd.DataFrame, *, device: str = "") -> str:
         parts.append(f"Peak device memory ({s}) comes from {_peak_source_words(s)}.")
     if not sources and predicted:
         parts.append(f"Peak device memory comes from {_PEAK_SOURCES['simulator']}.")
-    if "emulated" in backends:
-        parts.append("On the emulated backend, swaps are real copies to host memory through "
-                     "tf.numpy_function, so memory is real but transfer times are those of this "
-                     "machine's memory system (or a set bandwidth), not a device link.")
+    for b in backends:
+        known = backend_named(b)
+        if known is not None and known.report_note():
+            parts.append(known.report_note())
     if measured:
         parts.append("Throughput is the batch size divided by the median step time over the timed "
                      "steps, after warm-up.")
@@ -206,10 +208,12 @@ def environment_rows(*, study_attrs: Mapping[str, Any], recommendation: Recommen
     profile = pick("device_profile", "simulator_device", "device")
     profile = profile.get("name") if isinstance(profile, Mapping) else profile
     device_name = pick("device_name")
-    simulated_only = backend == "simulate" or not device_name or str(device_name).startswith("none")
+    chosen = backend_named(backend)
+    predicted_only = chosen is not None and not chosen.measured
+    simulated_only = predicted_only or not device_name or str(device_name).startswith("none")
     device = (f"simulated {profile} profile" if profile else device_name) if simulated_only else device_name
     device_mem = pick("device_memory_bytes", "memory_bytes")
-    if device_mem is None and backend == "simulate" and isinstance(profile, str):
+    if device_mem is None and predicted_only and isinstance(profile, str):
         try:
             from lms.devices import get_device
 

@@ -1,0 +1,147 @@
+"""What every backend answers: how to choose its device and budget, label its figures, and run a search.
+
+A backend is chosen once (`tuner.backends.get_backend`, from ``--backend`` or
+the study's stored name) and asked; nothing else compares backend names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+
+if TYPE_CHECKING:
+    from ..progress import Progress
+    from ..records import TrialRecord
+    from ..settings import SearchSettings
+    from ..space import SearchSpace
+
+__all__ = ["Backend", "SearchRun", "GpuChoice"]
+
+
+@dataclass(frozen=True)
+class GpuChoice:
+    """The GPUs a search uses: `info` sizes the default budget and device profile; one worker per `slots` entry."""
+
+    info: Mapping[str, Any] | None = None
+    gpus: tuple[str, ...] = ()
+    workers: int = 1
+
+
+@dataclass
+class SearchRun:
+    """One search in progress: what a backend's `Backend.search` needs (built once by `tuner.search.run_search`).
+
+    Attributes:
+        main: the Optuna study.
+        storage: the opened Optuna storage it lives in.
+        space: the search space.
+        settings: the validated settings.
+        usable: the budget minus the safety margin, in bytes.
+        predict: the simulator's (cached) prediction of a config.
+        deadline: `time.monotonic()` after which no trial starts (None: none).
+        progress: the progress bar.
+        ask_lock: the storage lock around ``study.ask`` (`tuner.storage.storage_lock`).
+        attrs: the study's stored tuner settings (a screening study copies them).
+        stopped: why the loop ended (``stopped["reason"]``, see `tuner.loop.optimize`).
+        screen: the screening study, once a measured backend made it.
+    """
+
+    main: Any
+    storage: Any
+    space: "SearchSpace"
+    settings: "SearchSettings"
+    usable: int
+    predict: Callable[[Any], Any]
+    deadline: float | None
+    progress: "Progress"
+    ask_lock: Callable[[], Any]
+    attrs: Mapping[str, Any]
+    stopped: dict[str, str] = field(default_factory=dict)
+    screen: Any = None
+
+    def evaluate_predicted(self, config: Any, trial: Any) -> "TrialRecord":
+        from .simulate import predicted_record
+
+        return predicted_record(config, self.predict(config), usable=self.usable, device=self.settings.device)
+
+
+class Backend:
+    """The base of `SimulateBackend`, `EmulatedBackend` and `GpuBackend` (one module each).
+
+    Class attributes:
+        name: what ``--backend`` and the study's attributes call it.
+        measured: trials are real runs in workers (after a simulated screening study).
+        default_trials: ``--trials`` when not given.
+        default_timeout_s: ``--timeout`` when not given (None: no limit).
+        max_image_size: workloads with an ``image_size`` option are shrunk to this unless given.
+        prediction_allocator: the simulator's allocator model (``"bfc"``: TF's, replayed).
+        profiles_op_times: the trace worker measures per-op times for the simulator.
+        peak_source: the peak memory's source when a worker did not say.
+        help: one line for ``--help``.
+    """
+
+    name: ClassVar[str] = ""
+    measured: ClassVar[bool] = False
+    default_trials: ClassVar[int] = 10
+    default_timeout_s: ClassVar[float | None] = None
+    max_image_size: ClassVar[int | None] = None
+    prediction_allocator: ClassVar[str] = "exact"
+    profiles_op_times: ClassVar[bool] = False
+    peak_source: ClassVar[str] = ""
+    help: ClassVar[str] = ""
+    #: worker side (measured backends): where tensors live, swap emulation, TF's executor
+    tf_device: ClassVar[str] = "/CPU:0"
+    emulate: ClassVar[bool] = False
+    executor: ClassVar[str] = "default"
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name}>"
+
+    def __str__(self) -> str:
+        return self.name
+
+    # ---- choosing (CLI) -----------------------------------------------------------------------------
+    def choose_gpus(self, *, gpu: str | None, gpus: tuple[str, ...], workers: int,
+                    inventory: Callable[[], list[dict[str, Any]]]) -> GpuChoice:
+        """Check ``--gpu``/``--gpus``/``--workers`` against this backend (BadInput when they do not apply)."""
+        raise NotImplementedError
+
+    def default_device(self, gpu_info: Mapping[str, Any] | None) -> str:
+        """The simulator's device profile when ``--device`` is not given."""
+        return "V100-16GB"
+
+    def default_budget(self, *, device: str, gpu_info: Mapping[str, Any] | None) -> tuple[int | None, str]:
+        """(budget bytes or None: derived from the graph, where it comes from) when ``--budget`` is not given."""
+        return None, "derived"
+
+    # ---- figures ------------------------------------------------------------------------------------
+    def source_label(self, *, measured: bool, device: str = "", device_name: str = "") -> str:
+        """Where a figure comes from, in words (next to every number)."""
+        return f"predicted (simulator, device profile {device})" if device else "predicted (simulator)"
+
+    def device_info(self, info: Mapping[str, Any], *, gpu_index: int | None) -> dict[str, Any]:
+        """The device fields of recommended.json's environment (``device_name`` etc.)."""
+        return {"device_name": "none (simulated)"}
+
+    def report_note(self) -> str:
+        """A sentence the report adds about how this backend's figures come about ("" for none)."""
+        return ""
+
+    # ---- running ------------------------------------------------------------------------------------
+    def worker_env(self, *, gpu: str | None = None) -> dict[str, str]:
+        from ..worker import worker_env
+
+        return worker_env()
+
+    def search(self, run: SearchRun) -> tuple[int, int]:
+        """Run the trials of `run`; (configs evaluated now, screening trials simulated now)."""
+        raise NotImplementedError
+
+    # ---- worker side (TensorFlow imported by the caller) ----------------------------------------------
+    def configure_tensorflow(self, tf: Any) -> str:
+        """Set TensorFlow up before the model is built; a reason when it cannot run here, else ""."""
+        return ""
+
+    def device_label(self, measured_name: str) -> str:
+        """The device a worker measured on, for the trial record."""
+        return measured_name

@@ -1,0 +1,70 @@
+"""``simulate``: every trial predicted in-process by `lms.simulator` on the traced graph (figures PREDICTED)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from ..batch import Prediction
+from ..errors import BadInput
+from ..loop import optimize
+from ..records import TrialRecord
+from .base import Backend, GpuChoice, SearchRun
+
+__all__ = ["SimulateBackend", "predicted_record"]
+
+
+class SimulateBackend(Backend):
+    name = "simulate"
+    measured = False
+    default_trials = 80
+    help = "every figure PREDICTED by the simulator (seconds per config)"
+
+    def choose_gpus(self, *, gpu: str | None, gpus: tuple[str, ...], workers: int,
+                    inventory: Callable[[], list[dict[str, Any]]]) -> GpuChoice:
+        if gpus:
+            raise BadInput(f"--gpus needs --backend gpu (the backend is {self.name})")
+        if workers > 1:
+            raise BadInput("--workers needs --backend emulated or gpu (simulate predicts every trial in this process)")
+        found = inventory()
+        if gpu is None:  # a GPU here sizes the default device profile
+            return GpuChoice(info=next((g for g in found if str(g["index"]) == "0"), found[0] if found else None))
+        info = next((g for g in found if str(g["index"]) == gpu or g["uuid"].startswith(gpu)), None)
+        if info is None:
+            seen = ", ".join(f"{g['index']} ({g['name']})" for g in found) or "none"
+            raise BadInput(f"--gpu {gpu}: no such GPU (NVML sees: {seen}); with --backend simulate it only picks "
+                           "the device profile: give --device instead")
+        return GpuChoice(info=info)
+
+    def default_device(self, gpu_info: Mapping[str, Any] | None) -> str:
+        from .gpu import profile_of_gpu
+
+        return profile_of_gpu(gpu_info) or "V100-16GB"
+
+    def default_budget(self, *, device: str, gpu_info: Mapping[str, Any] | None) -> tuple[int | None, str]:
+        from lms.devices import get_device
+
+        return get_device(device).memory_bytes, f"memory of device profile {device}"
+
+    def search(self, run: SearchRun) -> tuple[int, int]:
+        s = run.settings
+        ran = optimize(run.main, run.space, run.evaluate_predicted, n_trials=s.trials, deadline=run.deadline,
+                       progress=run.progress, desc="search (simulated)", seed=s.seed, ask_lock=run.ask_lock,
+                       stopped=run.stopped)
+        return ran, 0
+
+
+def predicted_record(config: Any, pred: Prediction, *, usable: int, device: str) -> TrialRecord:
+    """The simulator's verdict on `config` as a record (figures PREDICTED)."""
+    simulated = SimulateBackend.name
+    if not pred.feasible:
+        need = pred.min_bytes or pred.peak_bytes
+        return TrialRecord(config, simulated, False, "infeasible", 0, 0.0, pred.peak_bytes,
+                           f"simulator ({device})", pred.peak_bytes, 0.0,
+                           constraint=max(need / usable - 1.0, 1e-6), reason=pred.reason,
+                           extra={"predicted_batch": 0, "n_swapped": pred.n_swapped})
+    return TrialRecord(config, simulated, False, "ok", pred.batch, pred.throughput, pred.peak_bytes,
+                       f"simulator ({device})", pred.peak_bytes, pred.throughput,
+                       constraint=pred.peak_bytes / usable - 1.0,
+                       reason="capped at --max-batch" if pred.capped else "",
+                       extra={"predicted_batch": pred.batch, "predicted_step_time_s": pred.step_time_s,
+                              "n_swapped": pred.n_swapped})

@@ -1,0 +1,35 @@
+"""TEST-ONLY fault injection into trial workers (`FAULT_ENV`); read by both sides of the worker protocol."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["FAULT_ENV", "FAULT_KINDS", "injected_fault"]
+
+#: TEST-ONLY hook. ``LMS_TUNER_FAULT="kill@3,oom@4,hang@5,raise@6,die@7,ok@*"``: in the worker of
+#: measured trial N, ``kill`` SIGKILLs itself, ``oom`` reports a (simulated) out-of-memory result,
+#: ``hang`` sleeps until the parent's --trial-timeout, ``raise`` makes the model code raise,
+#: ``ok`` returns a synthetic fitting result at once without TensorFlow (so a fault study takes
+#: seconds), ``die`` SIGKILLs the *search process* (parent) while the worker runs (which then
+#: hangs, so a worker that outlived its parent would be seen), ``rofs`` fails to write its result
+#: as on a study folder turned read-only (a fault of the machine, not the config). ``*`` matches
+#: every trial without its own entry. Never set it outside tests.
+FAULT_ENV = "LMS_TUNER_FAULT"
+FAULT_KINDS = ("kill", "oom", "hang", "raise", "ok", "die", "rofs")
+
+
+def injected_fault(trial: int | None, spec: str | None = None) -> str | None:
+    """The fault kind `LMS_TUNER_FAULT` injects into measured trial number `trial` (None: none)."""
+    spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
+    if not spec or trial is None:
+        return None
+    wildcard = None
+    for item in spec.split(","):
+        kind, _, target = item.strip().partition("@")
+        if kind not in FAULT_KINDS:
+            continue
+        if target == "*":
+            wildcard = kind
+        elif target.isdigit() and int(target) == trial:
+            return kind
+    return wildcard

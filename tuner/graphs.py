@@ -1,0 +1,126 @@
+"""The model as the simulator sees it: traced once per study by a worker, cached as ``studies/<study>/graph.json``.
+
+TensorFlow stays out of the search process: a worker (`tuner.trial`) loads
+the workload and traces its training step (`TraceRequest`), or only describes
+it (`DescribeRequest`, to check a user's ``module:function``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .errors import BadInput, SearchError
+from .protocol import DescribeRequest, TraceRequest
+from .settings import SearchSettings
+from .worker import run_worker, worker_env
+
+__all__ = ["load_graph", "load_op_costs", "derive_emulated_budget", "describe_user_workload"]
+
+log = logging.getLogger(__name__)
+
+
+def _graph_key(settings: SearchSettings) -> dict[str, Any]:
+    return {"model": settings.model, "model_options": dict(settings.model_options)}
+
+
+def _profile_batches(settings: SearchSettings) -> tuple[int, ...]:
+    """Where to start profiling op times: only for a backend whose trials run on this CPU.
+
+    The workload's default batch (small, quick on a CPU); the worker grows it
+    from there (`tuner.trial`).
+    """
+    if not settings.backend.profiles_op_times:
+        return ()
+    return (int(settings.workload.get("default_batch") or 8),)
+
+
+def load_op_costs(settings: SearchSettings) -> Any:
+    """The per-op times the trace worker measured (`lms.sim.OpCosts`), or None (roofline)."""
+    from lms.sim.opcosts import OpCosts
+
+    try:
+        doc = json.loads((settings.study_dir / "graph.json").read_text(encoding="utf-8"))
+        return OpCosts.from_dict(doc["op_costs"]) if doc.get("op_costs") else None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("no measured op times (%s); the simulator uses its roofline", exc)
+        return None
+
+
+def load_graph(settings: SearchSettings, *, should_stop: Callable[[], bool] | None = None) -> Any:
+    """The traced graph: from ``studies/<study>/graph.json`` if its key matches, else traced by a worker."""
+    from lms.graph import Graph
+
+    path = settings.study_dir / "graph.json"
+    key = _graph_key(settings)
+    if path.is_file():
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            if doc.get("key") == key:
+                graph = Graph.from_dict(doc["graph"])
+                log.info("graph: %d ops, cached in %s", len(graph.ops), path)
+                return graph
+            log.info("graph cache %s is for another model or options; tracing again", path)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("graph cache %s is unreadable (%s); tracing again", path, exc)
+    log.info("tracing %s in a worker process (TensorFlow; once per study) ...", settings.model)
+    request = TraceRequest(workload=settings.model, options=dict(settings.model_options), key=key, output=str(path),
+                           profile_batches=_profile_batches(settings))
+    outcome = run_worker(request, workdir=settings.study_dir / "trace", timeout_s=settings.trial_timeout_s,
+                         env=worker_env(), should_stop=should_stop)
+    if outcome.status == "bad_input":
+        raise BadInput(outcome.reason)
+    if outcome.status != "ok" or not path.is_file():
+        raise SearchError(f"tracing {settings.model} failed ({outcome.status}): {outcome.reason} "
+                          f"(log: {outcome.log_path})")
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    graph = Graph.from_dict(doc["graph"])
+    log.info("graph: %d ops, traced in %.1f s", len(graph.ops), float(doc.get("trace_s", 0)))
+    return graph
+
+
+def derive_emulated_budget(graph: Any, *, reference_batch: int = 32, ceiling: int | None = None) -> int:
+    """Default emulated budget: the simulator's no-LMS peak at `reference_batch`, rounded up to 64 MiB.
+
+    Simulated on the emulated device's profile (``"cpu"``: the op order of TF's
+    single-threaded executor, which the emulated trials run under) with TF's
+    BFC allocator replayed (its rounding and unsplit chunks: ResNet-50 holds
+    15% more than its live bytes), so the no-LMS baseline fits about
+    `reference_batch` samples and the search shows how far LMS goes beyond it;
+    capped at `ceiling` (a quarter of host memory by default) and at least
+    64 MiB.
+    """
+    from lms.simulator import simulate
+
+    peak = simulate(graph, None, batch=reference_batch, device="cpu", allocator="bfc",
+                    timeline=False).peak_device_bytes
+    quantum = 64 << 20
+    budget = max(quantum, math.ceil(peak / quantum) * quantum)
+    if ceiling is None:
+        try:
+            ceiling = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+        except (ValueError, OSError, AttributeError):
+            ceiling = 4 << 30
+    return int(min(budget, max(quantum, ceiling)))
+
+
+def describe_user_workload(spec: str, options: Mapping[str, Any], *, timeout_s: float = 120.0) -> dict[str, Any]:
+    """Load a user's ``module:function`` workload in a worker (their code may import TF); nothing is kept.
+
+    Raises:
+        BadInput: it does not import, or does not return a Workload (the worker's one-line reason).
+        SearchError: the worker failed otherwise.
+    """
+    with tempfile.TemporaryDirectory(prefix="tuner-describe-") as tmp:
+        outcome = run_worker(DescribeRequest(workload=spec, options=dict(options)), workdir=Path(tmp),
+                             timeout_s=timeout_s, env=worker_env())
+    if outcome.status == "bad_input":
+        raise BadInput(outcome.reason)
+    if outcome.status != "ok" or outcome.result is None:
+        raise SearchError(f"could not load model {spec!r}: {outcome.status}: {outcome.reason}")
+    return dict(outcome.result.workload)

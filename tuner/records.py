@@ -1,0 +1,68 @@
+"""Trial records: what one evaluated config left in the study (Optuna user_attrs, trials.csv columns).
+
+Backends make them (`tuner.backends.simulate.predicted_record` from the
+simulator's prediction, `tuner.backends.measured.measured_record` from a
+worker's outcome); `counted` says which trials count toward ``--trials``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+__all__ = ["TrialRecord", "counted", "REQUEUED_STATUSES", "INFEASIBLE"]
+
+#: Trial statuses that say nothing about the config: the trial is failed and its params queued again.
+#: ``interrupted``: the search stopped (Ctrl-C, time limit, its process died); ``machine_error``: the
+#: machine failed the trial (a folder turned read-only, a full disk, a worker that could not write its
+#: result). Only failures of the config itself (oom, infeasible, its model code raising, a timeout) are final.
+REQUEUED_STATUSES = ("interrupted", "machine_error")
+#: The constraint value of a config that does not fit at all and has no peak to say by how much.
+INFEASIBLE = 1.0
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One evaluated config: the contract's trial record (Optuna user_attrs and trials.csv columns)."""
+
+    config: Any
+    backend: str
+    measured: bool
+    status: str
+    batch_size: int
+    throughput: float
+    peak_device_bytes: int | None
+    peak_source: str
+    predicted_peak_bytes: int | None
+    predicted_throughput: float | None
+    constraint: float
+    reason: str = ""
+    failed: bool = False  # Optuna FAIL (an error or an interruption), not a result
+    requeue: bool = False  # failed by the machine, not the config: FAIL it and queue the params again
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def user_attrs(self) -> dict[str, Any]:
+        attrs = {
+            "batch_size": self.batch_size, "throughput": self.throughput,
+            "peak_device_bytes": self.peak_device_bytes, "peak_source": self.peak_source,
+            "backend": self.backend, "measured": self.measured,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "predicted_throughput": self.predicted_throughput, "status": self.status, "reason": self.reason,
+            "config": self.config.to_dict(), "constraint": [self.constraint],
+        }
+        attrs.update(self.extra)
+        return attrs
+
+
+def counted(t: Any) -> bool:
+    """Trials that count toward --trials: configs evaluated (finished, not interrupted, not a repeat).
+
+    A repeat of an evaluated config (`duplicate_of`) is answered from the study
+    at no cost and does not count; an interrupted trial, or one failed by the
+    machine (`REQUEUED_STATUSES`), is queued again; a config drawn while another
+    worker runs it is ``skipped`` (not counted).
+    """
+    state = getattr(t.state, "name", "")
+    if state == "COMPLETE":
+        return "duplicate_of" not in t.user_attrs
+    return state == "FAIL" and t.user_attrs.get("status") not in (*REQUEUED_STATUSES, "skipped", None)

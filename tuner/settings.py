@@ -1,0 +1,104 @@
+"""`SearchSettings`: everything a search needs, validated once by the CLI (or built by a test or a benchmark)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .backends import Backend, get_backend
+from .budget import format_bytes
+from .storage import StorageSpec
+
+__all__ = ["SearchSettings", "study_settings_conflict"]
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """Everything `tuner.search.run_search` needs, validated by the CLI.
+
+    Attributes:
+        study: study name (a plain folder name).
+        model: workload spec (built-in name or ``module:function``).
+        model_options: options for the workload factory.
+        backend: the `tuner.backends.Backend` (its name is accepted and looked up once).
+        budget_bytes: device memory budget; ``None``: derive (emulated, see `tuner.graphs.derive_emulated_budget`).
+        budget_source: how the budget was chosen, for people.
+        device: simulator device profile name.
+        trials: trials the main study should have (real runs on gpu/emulated).
+        screen_trials: simulated screening trials before real runs (gpu/emulated).
+        timeout_s: wall-clock limit of this invocation (None: none).
+        trial_timeout_s: limit of one real trial.
+        seed: sampler seed (None: random).
+        steps / warmup: timed and warm-up steps of the final measurement.
+        safety_margin: fraction of the budget kept free.
+        max_batch: largest batch considered.
+        sampler: ``tpe`` | ``nsga2`` | ``random``.
+        prefer / min_throughput_ratio: how the recommendation is picked (see `tuner.outputs`).
+        gpu: GPU index or UUID for workers (gpu backend).
+        gpus: several GPUs: one trial worker on each, in parallel (gpu backend).
+        workers: parallel trial workers on the CPU (emulated backend; they share the cores, so
+            their timings interfere).
+        storage: where the study lives.
+        studies_dir: outputs folder root (``studies/``).
+        workload: the workload's description (`tuner.models.Workload.describe`).
+        notes: adjustments made to the user's input (printed and stored).
+    """
+
+    study: str
+    model: str
+    model_options: Mapping[str, Any]
+    backend: Backend
+    budget_bytes: int | None
+    budget_source: str
+    device: str
+    trials: int
+    screen_trials: int
+    storage: StorageSpec
+    studies_dir: Path
+    timeout_s: float | None = None
+    trial_timeout_s: float = 600.0
+    seed: int | None = None
+    steps: int = 5
+    warmup: int = 2
+    safety_margin: float = 0.05
+    max_batch: int = 4096
+    sampler: str = "tpe"
+    prefer: str = "batch"
+    min_throughput_ratio: float = 0.8
+    gpu: str | None = None
+    gpus: tuple[str, ...] = ()
+    workers: int = 1
+    workload: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "backend", get_backend(self.backend))
+
+    @property
+    def study_dir(self) -> Path:
+        return self.studies_dir / self.study
+
+    @property
+    def measured(self) -> bool:
+        return self.backend.measured
+
+    def identity(self) -> dict[str, Any]:
+        """What must not change when a study is resumed."""
+        return {"model": self.model, "model_options": dict(self.model_options), "backend": self.backend.name,
+                "device": self.device, "safety_margin": self.safety_margin, "max_batch": self.max_batch}
+
+
+def study_settings_conflict(stored: Mapping[str, Any] | None, settings: SearchSettings) -> str:
+    """A one-line description of how `settings` differ from a study's stored settings ("" if they match)."""
+    if not stored:
+        return ""
+    identity = settings.identity()
+    for key, value in identity.items():
+        if key in stored and stored[key] != value:
+            return (f"study {settings.study!r} was created with {key}={stored[key]!r}, not {value!r}; "
+                    "use another --study name, or the same settings to resume it")
+    if settings.budget_bytes is not None and stored.get("budget_bytes") not in (None, settings.budget_bytes):
+        return (f"study {settings.study!r} was created with budget {format_bytes(stored['budget_bytes'])}, "
+                f"not {format_bytes(settings.budget_bytes)}; use another --study name")
+    return ""

@@ -1,0 +1,135 @@
+"""The search space: the knob table's searched fields, with ``n_tensors`` scaled to the graph.
+
+Derived from `tuner.knobs.KnobTable` (values from each field's ``search``
+metadata); for `LMSConfig` it is::
+
+    n_tensors         0 .. all candidates, in 8 equal steps (0 = LMS off, the top = all)
+    lb                1, 4, 7, 10, 13        (swap-in trigger distance, levels)
+    fuse_swapins      False, True
+    ctrld_strategy    chain_rule, direct_order
+    swap_branches     False, True
+    branch_threshold  10, 25, 40             (only when swap_branches)
+
+``ub`` stays at its TFLMS default (10000): the planner takes the nearest
+trigger at or beyond ``lb`` anyway, so a smaller ``ub`` only drops swaps, which
+``n_tensors`` already controls.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .knobs import KNOB_TABLE, Knob, KnobTable
+
+__all__ = ["SearchSpace"]
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The knobs searched and their discrete values (also the benchmark's exhaustive grid).
+
+    Attributes:
+        n_candidates: swap candidates in the graph (`lms.planner.find_candidates`).
+        n_tensor_levels: steps from 0 to all candidates.
+        ranges: values that replace a knob's own ``search`` metadata, by name (a tuple or a range).
+        table: the knob table (`tuner.knobs.KNOB_TABLE`: `LMSConfig`'s fields).
+    """
+
+    n_candidates: int
+    n_tensor_levels: int = 8
+    ranges: Mapping[str, Any] = field(default_factory=dict)
+    table: KnobTable = field(default=KNOB_TABLE, compare=False, repr=False)
+
+    @property
+    def n_tensor_step(self) -> int:
+        levels = max(1, min(self.n_tensor_levels, self.n_candidates))
+        return max(1, math.ceil(self.n_candidates / levels))
+
+    @property
+    def n_tensor_high(self) -> int:
+        step = self.n_tensor_step
+        return step * max(1, math.ceil(self.n_candidates / step))
+
+    @property
+    def knobs(self) -> tuple[Knob, ...]:
+        return tuple(k for k in self.table.knobs if k.searched or k.name in self.ranges)
+
+    def values(self, knob: Knob) -> tuple[Any, ...]:
+        """The values searched for `knob` (``range`` searches stay ranges for `suggest`)."""
+        return tuple(self._search(knob))
+
+    def _search(self, knob: Knob) -> Any:
+        search = self.ranges.get(knob.name, knob.search)
+        if search == "candidates":
+            return range(0, self.n_tensor_high + 1, self.n_tensor_step)
+        return search
+
+    def suggest(self, trial: Any) -> Any:
+        """Ask `trial` for every knob (a conditional one only when its ``requires`` hold); the config."""
+        params: dict[str, Any] = {}
+        for k in self.knobs:
+            if not k.applies(params):
+                continue
+            search = self._search(k)
+            if isinstance(search, range):
+                params[k.name] = trial.suggest_int(k.name, search.start, search[-1], step=search.step)
+            else:
+                params[k.name] = trial.suggest_categorical(k.name, list(search))
+        return self.config_of(params)
+
+    def complete(self, params: Mapping[str, Any]) -> bool:
+        """Whether `params` holds every knob `suggest` would ask for (a trial done suggesting)."""
+        return all(k.name in params for k in self.knobs if k.applies(params))
+
+    def config_of(self, params: Mapping[str, Any]) -> Any:
+        """The canonical config of a parameter set (off: all swap knobs at defaults; the top n_tensors: -1)."""
+        values = {k.name: k.cast(params[k.name]) for k in self.table.knobs if k.name in params}
+        for k in self.table.knobs:
+            if k.search == "candidates" and values.get(k.name, 0) >= self.n_candidates:
+                values[k.name] = -1  # the top level means "every candidate"
+        filled = {k.name: values.get(k.name, k.default) for k in self.table.knobs}
+        held = {k.name: k.default for k in self.table.knobs if not k.applies(filled)}
+        config = self.table.config_cls(**{**filled, **held})
+        return self.table.canonical(config)
+
+    def _first(self, knob: Knob) -> Any:
+        values = self.values(knob)
+        return knob.default if knob.default in values else values[0]
+
+    def baseline_params(self) -> dict[str, Any]:
+        """No LMS: the reference every other trial is compared with (each other knob at its default)."""
+        params: dict[str, Any] = {}
+        for k in self.knobs:
+            if k.applies(params):
+                params[k.name] = 0 if k.search == "candidates" else self._first(k)
+        return params
+
+    def tflms_default_params(self) -> dict[str, Any]:
+        """TFLMS's defaults: every candidate, lb=1, chain_rule, no fusing, no branches."""
+        top = {k.name: self.n_tensor_high for k in self.knobs if k.search == "candidates"}
+        return {**self.baseline_params(), **top}
+
+    def grid(self) -> list[dict[str, Any]]:
+        """Every parameter combination (the exhaustive grid of this space), conditional knobs expanded last."""
+        plain = [k for k in self.knobs if not k.requires]
+        conditional = [k for k in self.knobs if k.requires]
+        out = []
+        for combo in itertools.product(*(self.values(k) for k in plain)):
+            points = [dict(zip((k.name for k in plain), combo))]
+            for k in conditional:
+                points = [{**p, k.name: v} for p in points for v in self.values(k)] if k.applies(points[0]) \
+                    else points
+            out += points
+        return out
+
+    @property
+    def n_distinct(self) -> int:
+        """Distinct configs in the space (grid points that plan differently)."""
+        return len({self.table.canonical_key(self.config_of(p)) for p in self.grid()})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n_candidates": self.n_candidates, "n_tensor_levels": self.n_tensor_levels,
+                "knobs": {k.name: list(self.values(k)) for k in self.knobs}}

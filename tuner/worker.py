@@ -1,0 +1,246 @@
+"""The parent's side of a trial worker: start ``python -m tuner.trial``, follow it, stop it, read its result.
+
+TensorFlow does not reliably give memory back inside one process, and an
+out-of-memory error or a kill must not take the study down, so every real
+measurement runs in its own process::
+
+    parent (no TF)                         worker: python -m tuner.trial request.json
+      writes request.json   ─────────────▶  loads the workload, builds the model,
+      tails events.jsonl    ◀── probe ────  lms.function(step, config=...), then per batch:
+      kills it on timeout                     measure_step -> "batch N fits / does not fit"
+      reads result.json     ◀── result ───  final timing at the largest fitting batch
+
+Requests and results are the typed messages of `tuner.protocol`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from lms.config import atomic_write_text
+
+from .faults import injected_fault
+from .protocol import DescribeRequest, Envelope, MeasureRequest, ProtocolError, TraceRequest, result_type
+
+__all__ = ["WorkerOutcome", "run_worker", "worker_env", "PARENT_PIPE_ENV", "PARENT_PID_ENV"]
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.25
+_TERM_GRACE_S = 5.0
+#: The worker watches this inherited pipe end: end of file means its parent is gone, and it exits.
+PARENT_PIPE_ENV = "LMS_TUNER_PARENT_FD"
+PARENT_PID_ENV = "LMS_TUNER_PARENT_PID"
+
+
+@dataclass(frozen=True)
+class WorkerOutcome:
+    """How a worker ended.
+
+    Attributes:
+        status: the worker's own status when it wrote a result (``"ok"``,
+            ``"infeasible"``, ``"oom"``, ``"error"``, ``"bad_input"``), else
+            ``"timeout"`` (killed by us at its deadline), ``"stopped"`` (killed
+            because `should_stop` said so), ``"killed"`` (ended by a signal we
+            did not send, e.g. the kernel's out-of-memory killer), or
+            ``"error"`` (exited without a result).
+        result: the worker's result (`tuner.protocol`; None when it wrote none).
+        events: the progress events it wrote (probes etc.).
+        returncode: the process's exit code (negative: the signal).
+        reason: one line for people.
+        log_path: the worker's stdout+stderr.
+        wall_s: seconds from start to end.
+    """
+
+    status: str
+    result: Any
+    events: tuple[dict[str, Any], ...] = field(default=())
+    returncode: int | None = None
+    reason: str = ""
+    log_path: Path | None = None
+    wall_s: float = 0.0
+
+
+def worker_env(*, gpu: str | None = None) -> dict[str, str]:
+    """Environment for a worker: the GPU `gpu` with memory growth, or none (CPU: trace, describe, emulate).
+
+    The CPU allocator is always BFC (``TF_CPU_ALLOCATOR_USE_BFC=true``), so
+    TF's own peak is exact on CPU. The worker imports this checkout's packages
+    even when started from elsewhere.
+    """
+    env = dict(os.environ)
+    env["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONUNBUFFERED"] = "1"
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # trace / emulate on the CPU, never grab a GPU
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+Request = DescribeRequest | TraceRequest | MeasureRequest
+
+
+def run_worker(request: Request, *, workdir: Path, timeout_s: float | None = None,
+               env: dict[str, str] | None = None,
+               on_event: Callable[[dict[str, Any]], None] | None = None,
+               should_stop: Callable[[], bool] | None = None) -> WorkerOutcome:
+    """Run ``python -m tuner.trial`` on `request` in `workdir` and wait for it.
+
+    Args:
+        request: the job (`tuner.protocol`); it travels with the events and result paths.
+        workdir: folder for request.json, events.jsonl, result.json, worker.log.
+        timeout_s: kill the worker (SIGTERM, then SIGKILL) after this long.
+        env: its environment (see `worker_env`).
+        on_event: called with each progress event as it arrives.
+        should_stop: polled; True kills the worker (status ``"stopped"``).
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    events_path = workdir / "events.jsonl"
+    result_path = workdir / "result.json"
+    log_path = workdir / "worker.log"
+    for stale in (events_path, result_path):
+        stale.unlink(missing_ok=True)
+    request_path = workdir / "request.json"
+    atomic_write_text(request_path, Envelope(request, str(events_path), str(result_path)).to_json())
+    cmd = [sys.executable, "-m", "tuner.trial", str(request_path)]
+    start = time.monotonic()
+    events: list[dict[str, Any]] = []
+    offset = 0
+    killed_by_us = ""
+    stopped = False
+    # The worker must not outlive this process (kill -9 included): on Linux the kernel kills it when its
+    # parent dies (PR_SET_PDEATHSIG); everywhere it exits when this pipe's write end closes (`_watch_parent`).
+    watch_r, watch_w = os.pipe()
+    env = dict(os.environ if env is None else env)
+    env[PARENT_PIPE_ENV], env[PARENT_PID_ENV] = str(watch_r), str(os.getpid())
+    with open(log_path, "wb") as log_file:
+        try:
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True, pass_fds=(watch_r,))
+        except BaseException:
+            os.close(watch_w)
+            raise
+        finally:
+            os.close(watch_r)
+        if isinstance(request, MeasureRequest) and injected_fault(request.trial) == "die":
+            _wait_for_file(events_path, 30)  # test-only: the whole search process dies mid-trial
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=_POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                offset = _read_events(events_path, offset, events, on_event)
+                elapsed = time.monotonic() - start
+                if timeout_s is not None and elapsed > timeout_s:
+                    killed_by_us = f"timed out after {timeout_s:.0f} s"
+                elif should_stop is not None and should_stop():
+                    killed_by_us, stopped = "stopped: the search's time limit was reached", True
+                if killed_by_us:
+                    _terminate(proc)
+                    break
+        except BaseException:
+            _terminate(proc)  # Ctrl-C or an error here: never leave a worker behind
+            raise
+        finally:
+            os.close(watch_w)
+    _read_events(events_path, offset, events, on_event)
+    wall = time.monotonic() - start
+    rc = proc.returncode
+    result, malformed = _read_result(result_path, request.mode)
+    if malformed:
+        return WorkerOutcome("error", None, tuple(events), rc, f"worker wrote a malformed result: {malformed}",
+                             log_path, wall)
+    if killed_by_us:
+        return WorkerOutcome("stopped" if stopped else "timeout", result, tuple(events), rc, killed_by_us, log_path, wall)
+    if result is not None:
+        return WorkerOutcome(result.status, result, tuple(events), rc, result.reason, log_path, wall)
+    if rc is not None and rc < 0:
+        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
+        reason = f"worker killed by {name}" + (" (host out of memory?)" if -rc == signal.SIGKILL else "")
+        return WorkerOutcome("killed", None, tuple(events), rc, reason, log_path, wall)
+    tail = _log_tail(log_path)
+    return WorkerOutcome("error", None, tuple(events), rc,
+                         f"worker exited with code {rc} without a result: {tail}", log_path, wall)
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    try:
+        proc.wait(timeout=_TERM_GRACE_S)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+
+
+def _wait_for_file(path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not (path.is_file() and path.stat().st_size):
+        time.sleep(0.05)
+
+
+def _read_events(path: Path, offset: int, events: list[dict[str, Any]],
+                 on_event: Callable[[dict[str, Any]], None] | None) -> int:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+    except FileNotFoundError:
+        return offset
+    end = chunk.rfind(b"\n") + 1  # only whole lines
+    for line in chunk[:end].splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        events.append(event)
+        if on_event is not None:
+            on_event(event)
+    return offset + end
+
+
+def _read_result(path: Path, mode: str) -> tuple[Any, str]:
+    """(the typed result, "") ; (None, "") when there is none; (None, why) when it does not parse."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None, ""
+    try:
+        return result_type(mode).from_dict(data), ""
+    except ProtocolError as exc:
+        return None, str(exc)
+
+
+def _log_tail(path: Path, *, lines: int = 3) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    tail = [ln.strip() for ln in text if ln.strip()][-lines:]
+    return " | ".join(tail)[-400:] or "(empty log)"
+
+
