@@ -11,9 +11,11 @@ The file format is plain JSON (never pickle or eval)::
 `LMSConfig.load` also reads any document that embeds a config under
 ``"config"`` and whose schema its writer registered (`register_document_schema`),
 such as the tuner's ``recommended.json``, so a training script can load a tuning
-result directly. The package named by an unregistered schema's first dotted part
-(``tuner`` for ``"tuner.recommendation"``) is imported once, if installed, to
-give it the chance to register; ``lms`` itself knows no other package.
+result directly. A package registers its schema when imported, or ahead of time
+with an entry point in the group ``lms.document_schemas`` named after the schema
+(the tuner's ``pyproject.toml`` does); only the entry point named exactly like a
+file's schema is loaded, so a file cannot make ``lms`` import anything else.
+``lms`` itself knows no other package.
 
 Every field is a *knob* (`knob`): its metadata says what a tuner needs to
 search it, record it and show it, so a new field is tuned without editing the
@@ -40,7 +42,9 @@ STRATEGIES = ("chain_rule", "direct_order")
 MAX_INT = 2**31
 #: Schemas of documents that embed an LMS config under "config": schema -> the version read.
 _DOCUMENT_SCHEMAS: dict[str, int] = {}
-_IMPORT_TRIED: set[str] = set()
+_ENTRY_POINTS_TRIED: set[str] = set()
+#: Entry-point group through which an installed package registers a document schema (name = schema).
+DOCUMENT_SCHEMAS_GROUP = "lms.document_schemas"
 
 
 def register_document_schema(schema: str, version: int) -> None:
@@ -55,20 +59,18 @@ def register_document_schema(schema: str, version: int) -> None:
 
 
 def _registered(schema: Any) -> bool:
-    """Whether `schema` is registered, importing the package its first dotted part names once to find out."""
+    """Whether `schema` is registered, loading the ``lms.document_schemas`` entry point of that name once."""
     if not isinstance(schema, str) or schema in _DOCUMENT_SCHEMAS:
         return schema in _DOCUMENT_SCHEMAS
-    package = schema.split(".", 1)[0]
-    if "." in schema and package.isidentifier() and package not in _IMPORT_TRIED:
-        _IMPORT_TRIED.add(package)
-        import importlib
-        import importlib.util
+    if schema not in _ENTRY_POINTS_TRIED:
+        _ENTRY_POINTS_TRIED.add(schema)
+        from importlib.metadata import entry_points
 
-        try:
-            if importlib.util.find_spec(package) is not None:
-                importlib.import_module(package)
-        except (ImportError, ValueError):
-            pass
+        for entry in entry_points(group=DOCUMENT_SCHEMAS_GROUP, name=schema):
+            try:
+                entry.load()  # importing the writer's package registers the schema
+            except Exception:  # noqa: BLE001 - a broken plugin must not break loading an lms.config file
+                continue
     return schema in _DOCUMENT_SCHEMAS
 
 

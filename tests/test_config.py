@@ -49,7 +49,7 @@ def test_round_trip_through_file(tmp_path):
 
 
 def test_load_reads_a_recommendation_in_a_process_that_never_imported_the_tuner(tmp_path):
-    """lms knows no tuner schema: the schema's package (tuner) registers it when lms imports it on meeting it."""
+    """lms knows no tuner schema: the tuner's ``lms.document_schemas`` entry point registers it on first meeting."""
     import subprocess
     import sys
 
@@ -61,6 +61,26 @@ def test_load_reads_a_recommendation_in_a_process_that_never_imported_the_tuner(
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "recommended.json")], capture_output=True,
                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
     assert proc.returncode == 0 and proc.stdout.strip() == "10", proc.stderr[-500:]
+
+
+def test_a_file_cannot_make_load_import_a_package_by_naming_it(tmp_path):
+    """Only an entry point registered under the exact schema name is loaded; a schema naming `json.tool` is refused."""
+    import subprocess
+    import sys
+
+    (tmp_path / "evil.json").write_text(json.dumps({"schema": "this.is.no.schema", "schema_version": 1,
+                                                    "config": {}}))
+    code = ("import sys, lms\n"
+            "try:\n    lms.LMSConfig.load(sys.argv[1])\nexcept ValueError as e:\n    print('refused', e)\n"
+            "print('this' in sys.modules)")
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "this").mkdir()  # an importable package named like the schema's first part
+    (tmp_path / "this" / "__init__.py").write_text("")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "evil.json")], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": f"{tmp_path}:{root}"})
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("refused") and "'this.is.no.schema'" in lines[0], proc.stderr[-500:]
+    assert lines[-1] == "False"
 
 
 def test_integer_fields_are_bounded():
