@@ -12,7 +12,7 @@ import dataclasses
 from .graph import Graph, Role
 from .plan import Swap, SwapIn, SwapPlan
 
-__all__ = ["anchor_triggers", "REWRITABLE_TYPES"]
+__all__ = ["anchor_triggers", "anchored_trigger", "REWRITABLE_TYPES"]
 
 
 # Op types Grappler may fold into a rewrite as an inner node (remapper fusions such as
@@ -88,6 +88,23 @@ def anchor_triggers(graph: Graph, plan: SwapPlan) -> SwapPlan:
             ins.append(si)
         swaps.append(dataclasses.replace(swap, swap_ins=tuple(ins)))
     return dataclasses.replace(plan, swaps=tuple(swaps)) if changed else plan
+
+
+def anchored_trigger(graph: Graph, trigger: str, tensor: str, *, backward: bool = True) -> str:
+    """`trigger`, or its anchor when that is safe, for one backward trigger of `tensor`'s readers.
+
+    The rule of `anchor_triggers` for one trigger (used for the recompute
+    planner's clone triggers): the anchor must lie deeper than
+    `Graph.forward_end` and depend on every forward reader of `tensor`.
+    """
+    anchor = _anchor(graph, trigger, graph._position)  # noqa: SLF001
+    if anchor == trigger:
+        return trigger
+    levels = graph.levels
+    if backward and graph.forward_end is not None and levels[anchor] <= levels[graph.forward_end]:
+        return trigger
+    forward = [r for r in graph.data_consumers(tensor) if graph.ops[r].role is Role.FORWARD]
+    return anchor if all(graph.is_ancestor(r, anchor) for r in forward) else trigger
 
 
 def _readers(graph: Graph, op: str) -> int:

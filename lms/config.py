@@ -24,12 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["LMSConfig", "CONFIG_SCHEMA", "SCHEMA_VERSION", "STRATEGIES", "atomic_write_text", "atomic_write_bytes"]
+from .optypes import RECOMPUTABLE_TYPES, never_recomputed
+
+__all__ = ["LMSConfig", "CONFIG_SCHEMA", "SCHEMA_VERSION", "STRATEGIES", "RECOMPUTE_MODES", "atomic_write_text", "atomic_write_bytes"]
 
 CONFIG_SCHEMA = "lms.config"
 RECOMMENDATION_SCHEMA = "tuner.recommendation"
 SCHEMA_VERSION = 1
 STRATEGIES = ("chain_rule", "direct_order")
+RECOMPUTE_MODES = ("none", "cheap")
 _KNOWN_SCHEMAS = (CONFIG_SCHEMA, RECOMMENDATION_SCHEMA)
 
 
@@ -59,6 +62,14 @@ class LMSConfig:
             whose name starts with one of these scopes.
         incl_types / excl_types: only / never swap tensors produced by ops of
             these types.
+        recompute: which saved forward tensors the backward pass may rebuild
+            from kept or swapped-in tensors instead of keeping or swapping them
+            (`lms.recompute_planner`): ``"none"`` (default: keep or swap only),
+            ``"cheap"`` (the planner's choice among `lms.optypes.RECOMPUTABLE_TYPES`:
+            elementwise ops, BatchNorm's normalisation, ``BiasAdd``, ``Relu``,
+            ``Cast``, ``Pad``, views), or a list of those op types (only they are
+            cloned). Random and stateful ops are never recomputed. The
+            ``incl_*``/``excl_*`` filters apply to recomputed tensors too.
     """
 
     n_tensors: int = -1
@@ -72,6 +83,7 @@ class LMSConfig:
     excl_scopes: tuple[str, ...] = field(default=())
     incl_types: tuple[str, ...] = field(default=())
     excl_types: tuple[str, ...] = field(default=())
+    recompute: str | tuple[str, ...] = "none"
 
     def __post_init__(self) -> None:
         for name in ("n_tensors", "lb", "ub", "branch_threshold"):
@@ -105,11 +117,21 @@ class LMSConfig:
                 + ", ".join(repr(s) for s in STRATEGIES))
         if self.branch_threshold < 0:
             raise ValueError(f"LMSConfig.branch_threshold={self.branch_threshold}: must be >= 0")
+        object.__setattr__(self, "recompute", _check_recompute(self.recompute))
 
     @property
     def enabled(self) -> bool:
-        """False when the config swaps nothing (``n_tensors == 0``)."""
-        return self.n_tensors != 0
+        """False when the config swaps nothing (``n_tensors == 0``) and recomputes nothing."""
+        return self.n_tensors != 0 or self.recompute != "none"
+
+    @property
+    def recompute_types(self) -> frozenset[str]:
+        """Op types the recompute planner may clone (empty for ``recompute="none"``)."""
+        if self.recompute == "none":
+            return frozenset()
+        if self.recompute == "cheap":
+            return RECOMPUTABLE_TYPES
+        return frozenset(self.recompute)
 
     def replace(self, **changes: Any) -> "LMSConfig":
         """A copy with some fields changed (validated like a new config)."""
@@ -140,6 +162,11 @@ class LMSConfig:
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             default = known[key].default if known[key].default is not dataclasses.MISSING else ()
+            if key == "recompute":
+                if isinstance(value, list):
+                    value = tuple(value)
+                kwargs[key] = value  # checked by _check_recompute
+                continue
             if isinstance(default, bool):
                 if not isinstance(value, bool):
                     raise ValueError(f"LMS config key {key!r}={value!r}: must be true or false")
@@ -202,6 +229,27 @@ class LMSConfig:
         if "config" not in doc:
             raise ValueError("missing key 'config'")
         return cls.from_dict(doc["config"])
+
+
+def _check_recompute(value: Any) -> str | tuple[str, ...]:
+    """``"none"``, ``"cheap"`` or a tuple of recomputable op types; ValueError naming the field otherwise."""
+    allowed = "'none', 'cheap' or a list of op types, e.g. [\"Relu\", \"BiasAdd\"]"
+    if isinstance(value, str):
+        if value not in RECOMPUTE_MODES:
+            raise ValueError(f"LMSConfig.recompute={value!r}: allowed values are {allowed}")
+        return value
+    if not isinstance(value, (tuple, list)) or not value:
+        raise ValueError(f"LMSConfig.recompute={value!r}: allowed values are {allowed}")
+    for item in value:
+        if not isinstance(item, str) or not item:
+            raise ValueError(f"LMSConfig.recompute contains {item!r}: every entry must be an op type name")
+        if never_recomputed(item):
+            raise ValueError(f"LMSConfig.recompute contains {item!r}: random and stateful ops are never "
+                             "recomputed (the backward pass would draw or read different values)")
+        if item not in RECOMPUTABLE_TYPES:
+            raise ValueError(f"LMSConfig.recompute contains {item!r}: not a cheap op type; allowed: "
+                             + ", ".join(sorted(RECOMPUTABLE_TYPES)))
+    return tuple(dict.fromkeys(value))
 
 
 def _check_int(name: str, value: Any) -> None:

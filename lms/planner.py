@@ -57,10 +57,17 @@ from .anchor import anchor_triggers
 from .config import LMSConfig
 from .graph import SHAPE_ONLY_TYPES, Graph, Role
 from .plan import Skip, Swap, SwapIn, SwapPlan, swap_op_name
+from .recompute import RECOMPUTE_PREFIX
 
 __all__ = ["plan_swaps", "find_candidates", "SKIPPED_PRODUCER_TYPES"]
 
 log = logging.getLogger(__name__)
+
+# A tensor that recompute clones read (a chain's source) is read again a few levels later
+# by the gradient of its own consumer (BatchNorm's gradient reads the BiasAdd output the
+# chain rebuilt the ReLU from; 11-17 levels later on ResNet-50): one swap-in serves readers
+# up to this many levels apart, so its bytes cross the link once, not once per reader.
+RECOMPUTE_SHARE_LEVELS = 32
 
 # Producers whose outputs TFLMS never swapped: inputs, constants, variable reads,
 # views and cheap fills. Swapping them moves bytes for nothing.
@@ -133,10 +140,19 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
         config: the LMS knobs.
 
     Returns:
-        A `SwapPlan`; empty when ``config.n_tensors == 0``.
+        A `SwapPlan`; empty when ``config.n_tensors == 0`` and ``config.recompute == "none"``.
+        With recomputation, `SwapPlan.recompute` holds the clones
+        (`lms.recompute_planner.plan_recompute`, planned first) and the swaps
+        refer to the graph with the clones.
     """
     if not config.enabled:
         return SwapPlan(config=config, graph_name=graph.name, batch_size=graph.batch_size)
+    recompute = None
+    if config.recompute != "none":
+        from .recompute_planner import plan_recompute  # it uses this module's trigger search
+
+        recompute = plan_recompute(graph, config)
+        graph = recompute.rewrite(graph)
     candidates, skipped = find_candidates(graph, config)
     swaps: dict[str, Swap] = {}
     limit = len(candidates) if config.n_tensors < 0 else config.n_tensors
@@ -146,7 +162,8 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
             continue
         backward = [c for c in graph.data_consumers(t) if graph.ops[c].role is Role.BACKWARD]
         swap_ins: list[SwapIn] = []
-        for group in _group_consumers(graph, backward, config):
+        share = RECOMPUTE_SHARE_LEVELS if any(c.startswith(RECOMPUTE_PREFIX) for c in backward) else None
+        for group in _group_consumers(graph, backward, config, gap=share):
             trigger, distance, how = _find_trigger(graph, config, t, group[0], role=Role.BACKWARD)
             if trigger is None:  # these readers keep reading the device copy
                 continue
@@ -159,23 +176,29 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
     if config.swap_branches:
         _add_branch_swaps(graph, config, swaps, skipped)
     plan = SwapPlan(config=config, swaps=tuple(swaps.values()), skipped=tuple(skipped),
-                    n_candidates=len(candidates), graph_name=graph.name, batch_size=graph.batch_size)
+                    n_candidates=len(candidates), graph_name=graph.name, batch_size=graph.batch_size,
+                    recompute=recompute)
     plan = anchor_triggers(graph, plan)
     log.debug("planned %d swaps (%d swap-ins) of %d candidates", plan.n_swapped, plan.n_swap_ins,
               len(candidates))
     return plan
 
 
-def _group_consumers(graph: Graph, consumers: list[str], config: LMSConfig) -> Iterator[list[str]]:
-    """Consumers sorted by level; fused: split where the gap to the previous exceeds lb."""
+def _group_consumers(graph: Graph, consumers: list[str], config: LMSConfig, *,
+                     gap: int | None = None) -> Iterator[list[str]]:
+    """Consumers sorted by level; fused: split where the gap to the previous exceeds lb.
+
+    `gap`: fuse (whatever ``fuse_swapins`` says) and split where the gap exceeds ``max(lb, gap)``.
+    """
     ordered = sorted(consumers, key=graph.levels.__getitem__)
-    if not config.fuse_swapins:
+    if not config.fuse_swapins and gap is None:
         for c in ordered:
             yield [c]
         return
+    limit = config.lb if gap is None else max(config.lb, gap)
     group: list[str] = []
     for c in ordered:
-        if group and graph.levels[c] - graph.levels[group[-1]] > config.lb:
+        if group and graph.levels[c] - graph.levels[group[-1]] > limit:
             yield group
             group = []
         group.append(c)

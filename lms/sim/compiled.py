@@ -191,7 +191,7 @@ def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "e
             largest ``ReadVariableOp`` output, once, plus constants).
         round_to: allocation granularity (TF's BFC allocator: 256 bytes).
     """
-    g = rewrite_graph(graph, plan) if plan is not None and plan.swaps else graph
+    g = rewrite_graph(graph, plan) if plan is not None and plan.rewrites else graph
     g = complete_sizes(bypass_identities(g))
     names = executed_order(g, order, expensive_op_bytes=expensive_op_bytes)
     n = len(names)

@@ -69,7 +69,7 @@ def compiled_for(graph: Graph, plan: SwapPlan | None, *, order: str = "executor"
     """The compiled form of (graph, plan), built once and cached while `graph` lives."""
     temporaries = DEFAULT_TEMPORARIES if temporaries is None else temporaries
     per_graph = _CACHE.setdefault(graph, {})
-    key = ("compiled", plan if plan is None or plan.swaps else None, order, expensive_op_bytes,
+    key = ("compiled", plan if plan is None or plan.rewrites else None, order, expensive_op_bytes,
            id(temporaries), resident_bytes)
     hit = per_graph.get(key)
     if hit is not None and hit[0] is temporaries:

@@ -1,0 +1,179 @@
+"""`plan_recompute(graph, config) -> RecomputePlan`: which saved tensors to rebuild in the backward pass. No TensorFlow.
+
+Per saved forward tensor (a swap candidate, `lms.planner.find_candidates`:
+the ``incl_*``/``excl_*`` filters apply) the planners choose one of three:
+
+- **recompute** (this pass): when the tensor can be rebuilt by a chain of at
+  most `MAX_CHAIN_OPS` cheap ops (``config.recompute_types``; never random or
+  stateful ones) from *sources* that cost nothing extra to have in the backward
+  pass: tensors the backward pass reads anyway and that are not themselves
+  recomputed (kept or swapped by the swap planner), tiny tensors that do not
+  grow with the batch (BatchNorm's per-channel scale and shift), and the step's
+  inputs. So recomputing never adds a saved tensor: it removes one, and its
+  bytes no longer cross the link twice. The price is the chain's compute, a
+  pass over memory per op; on a GPU that is ~1 ms per GiB, the host link needs
+  ~100 ms per GiB each way, so every tensor that qualifies is recomputed
+  (tensors too small to matter, that do not grow with the batch, are not).
+  Tensors are decided in forward order, so a chain may run through an earlier
+  recomputed tensor (it is cloned again in the chain), never the other way.
+- **swap** (`lms.planner.plan_swaps`, run afterwards on the graph with the
+  clones): the sources of the chains become backward reads like any other, so
+  they are swapped in before the clones that read them.
+- **keep**: everything else (beyond ``n_tensors``, no trigger, ...).
+
+Clones: one chain per group of backward readers, grouped as swap-ins are
+(``fuse_swapins``: readers within ``lb`` levels share; else one per reader).
+The chain's first clones get a control edge from a trigger: the backward op
+nearest before the first reader, found like a swap-in's trigger with
+``lb=1`` (recomputing earlier only holds the copy longer: it overlaps nothing)
+and anchored like one (`lms.anchor`). The trigger depends on every forward
+reader of the tensor, so the clones run after the originals.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .anchor import anchored_trigger
+from .config import LMSConfig
+from .graph import Graph, Role
+from .optypes import RANDOM_TYPES, never_recomputed
+from .plan import Skip
+from .recompute import Clone, Recompute, RecomputePlan, recompute_op_name
+
+__all__ = ["plan_recompute", "MAX_CHAIN_OPS", "TINY_SOURCE_BYTES"]
+
+log = logging.getLogger(__name__)
+
+MAX_CHAIN_OPS = 8
+# A source that does not grow with the batch and is at most this big is held for free.
+TINY_SOURCE_BYTES = 1 << 20
+_INPUT_TYPES = frozenset({"Placeholder", "PlaceholderWithDefault", "_Arg"})
+_RESIDENT_TYPES = frozenset({"Const", "HostConst"})
+
+
+def plan_recompute(graph: Graph, config: LMSConfig) -> RecomputePlan:
+    """Choose the tensors to recompute and their clone chains and triggers (see module docstring).
+
+    Args:
+        graph: the training graph model (linted).
+        config: the LMS knobs; ``config.recompute == "none"`` gives an empty plan.
+
+    Returns:
+        A `RecomputePlan` (validate it with `RecomputePlan.validate`).
+    """
+    types = config.recompute_types
+    if not types:
+        return RecomputePlan()
+    from .planner import _find_trigger, find_candidates
+
+    candidates, _ = find_candidates(graph, config)
+    saved = set(candidates)
+    recomputed: set[str] = set()
+    recomputes: list[Recompute] = []
+    skipped: list[Skip] = []
+    trigger_config = config.replace(lb=1)
+    for t in candidates:
+        spec = graph.tensors[t]
+        producer = graph.producer(t)
+        if producer.type not in types:
+            continue
+        if spec.per_sample_bytes == 0 and graph.tensor_bytes(t) <= TINY_SOURCE_BYTES:
+            skipped.append(Skip(t, "recompute: too small to matter (does not grow with the batch)"))
+            continue
+        chain = _chain(graph, t, types, saved - recomputed, saved)
+        if isinstance(chain, str):
+            skipped.append(Skip(t, f"recompute: {chain}"))
+            continue
+        backward = [c for c in graph.data_consumers(t) if graph.ops[c].role is Role.BACKWARD]
+        entries: list[Recompute] = []
+        for group in (sorted(backward, key=graph.levels.__getitem__),):
+            trigger, distance, how = _find_trigger(graph, trigger_config, t, group[0], role=Role.BACKWARD)
+            if trigger is None:
+                continue
+            anchor = anchored_trigger(graph, trigger, t, backward=True)
+            if anchor != trigger:
+                first = min(group, key=graph.levels.__getitem__)
+                trigger, distance, how = anchor, graph.levels[first] - graph.levels[anchor], f"{how}+anchored"
+            entries.append(_recompute(graph, t, tuple(group), chain, len(entries), trigger, distance, how))
+        if not entries:
+            skipped.append(Skip(t, "recompute: no backward op before its readers to trigger the clones"))
+            continue
+        recomputed.add(t)
+        recomputes.extend(entries)
+    plan = RecomputePlan(recomputes=tuple(recomputes), skipped=tuple(skipped), n_considered=len(candidates))
+    log.debug("recompute: %d tensors (%d clones) of %d candidates", plan.n_recomputed, plan.n_clones,
+              len(candidates))
+    return plan
+
+
+def _chain(graph: Graph, tensor: str, types: frozenset[str], saved: set[str],
+           candidates: set[str]) -> list[str] | str:
+    """Forward ops to clone (execution order) to rebuild `tensor`, or why it cannot be done."""
+    chain: list[str] = []
+    seen: set[str] = set()
+
+    def visit(t: str, depth: int) -> str:
+        op = graph.producer(t)
+        if op.name in seen:
+            return ""
+        if never_recomputed(op.type):
+            return f"{op.type} op {op.name!r} is random or stateful"
+        if op.type not in types:
+            return f"{op.type} op {op.name!r} is not among the recomputed types"
+        if depth > MAX_CHAIN_OPS or len(chain) >= MAX_CHAIN_OPS:
+            return f"needs more than {MAX_CHAIN_OPS} ops"
+        seen.add(op.name)
+        for u in dict.fromkeys(op.inputs):
+            if _is_random(graph.producer(u).type):  # e.g. a dropout's draw: never rebuilt from
+                return f"reads {u!r}, drawn by a random op"
+            if _free_source(graph, u, saved):
+                continue
+            if u in candidates:  # saved, but recomputed itself: its chain would reach back further
+                return f"reads {u!r}, which is recomputed"
+            why = visit(u, depth + 1)
+            if why:
+                return why
+        chain.append(op.name)
+        return ""
+
+    why = visit(tensor, 1)
+    return why or chain
+
+
+def _is_random(op_type: str) -> bool:
+    return op_type in RANDOM_TYPES or "Random" in op_type or op_type.startswith(("Stateful", "Stateless", "Rng"))
+
+
+def _free_source(graph: Graph, tensor: str, saved: set[str]) -> bool:
+    """Is `tensor` in the backward pass anyway (or tiny), without recomputing it?"""
+    op = graph.producer(tensor)
+    if tensor in saved or op.type in _INPUT_TYPES or op.type in _RESIDENT_TYPES:
+        return True
+    spec = graph.tensors[tensor]
+    return spec.per_sample_bytes == 0 and graph.tensor_bytes(tensor) <= TINY_SOURCE_BYTES
+
+
+def _recompute(graph: Graph, tensor: str, consumers: tuple[str, ...], chain: list[str], group: int,
+               trigger: str, distance: int | None, strategy: str) -> Recompute:
+    made: dict[str, str] = {}
+    clones: list[Clone] = []
+    sources: list[str] = []
+    for name in chain:
+        op = graph.ops[name]
+        clone_name = recompute_op_name(tensor, group, name)
+        inputs = []
+        for u in op.inputs:
+            if u in made:
+                inputs.append(made[u])
+            else:
+                inputs.append(u)
+                sources.append(u)
+        root = not any(u in made for u in op.inputs)
+        clone = Clone(clone_name, name, tuple(inputs), (trigger,) if root else ())
+        clones.append(clone)
+        for t in op.outputs:
+            made[t] = clone.output(t)
+    return Recompute(tensor=tensor, consumers=consumers, clones=tuple(clones),
+                     sources=tuple(dict.fromkeys(sources)), trigger=trigger, nbytes=graph.tensor_bytes(tensor),
+                     distance=distance, strategy=strategy)
