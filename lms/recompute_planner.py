@@ -21,13 +21,21 @@ the ``incl_*``/``excl_*`` filters apply) the planners choose one of three:
   they are swapped in before the clones that read them.
 - **keep**: everything else (beyond ``n_tensors``, no trigger, ...).
 
-Clones: one chain per group of backward readers, grouped as swap-ins are
-(``fuse_swapins``: readers within ``lb`` levels share; else one per reader).
-The chain's first clones get a control edge from a trigger: the backward op
-nearest before the first reader, found like a swap-in's trigger with
-``lb=1`` (recomputing earlier only holds the copy longer: it overlaps nothing)
-and anchored like one (`lms.anchor`). The trigger depends on every forward
-reader of the tensor, so the clones run after the originals.
+Clones: one chain per recomputed tensor serves all its backward readers (a
+ReLU output is read by the next convolution's filter gradient and, ~13 levels
+later on ResNet-50, by its own ``ReluGrad``: a chain per reader would double
+the recompute work for little memory). The chain's first clones get a control
+edge from a trigger: the backward op nearest before the first reader, found
+like a swap-in's trigger with ``lb=1`` (recomputing earlier only holds the copy
+longer: it overlaps nothing) and anchored like one (`lms.anchor`). The trigger
+depends on every forward reader of the tensor, so the clones run after the
+originals. The swap planner gives a chain's source one swap-in for the chain
+and the source's other backward readers close after it
+(`lms.planner.RECOMPUTE_SHARE_LEVELS`), so its bytes cross the link once.
+
+Randomness: random and stateful ops are never cloned, and a chain never reads
+a tensor that comes from a random op through elementwise ops (a dropout's
+mask or output): those tensors are kept or swapped, never recomputed.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ import logging
 from .anchor import anchored_trigger
 from .config import LMSConfig
 from .graph import Graph, Role
-from .optypes import RANDOM_TYPES, never_recomputed
+from .optypes import RANDOM_TYPES, RECOMPUTABLE_TYPES, never_recomputed
 from .plan import Skip
 from .recompute import Clone, Recompute, RecomputePlan, recompute_op_name
 
@@ -70,6 +78,7 @@ def plan_recompute(graph: Graph, config: LMSConfig) -> RecomputePlan:
     candidates, _ = find_candidates(graph, config)
     saved = set(candidates)
     recomputed: set[str] = set()
+    drawn: dict[str, bool] = {}
     recomputes: list[Recompute] = []
     skipped: list[Skip] = []
     trigger_config = config.replace(lb=1)
@@ -81,26 +90,21 @@ def plan_recompute(graph: Graph, config: LMSConfig) -> RecomputePlan:
         if spec.per_sample_bytes == 0 and graph.tensor_bytes(t) <= TINY_SOURCE_BYTES:
             skipped.append(Skip(t, "recompute: too small to matter (does not grow with the batch)"))
             continue
-        chain = _chain(graph, t, types, saved - recomputed, saved)
+        chain = _chain(graph, t, types, saved - recomputed, saved, drawn)
         if isinstance(chain, str):
             skipped.append(Skip(t, f"recompute: {chain}"))
             continue
-        backward = [c for c in graph.data_consumers(t) if graph.ops[c].role is Role.BACKWARD]
-        entries: list[Recompute] = []
-        for group in (sorted(backward, key=graph.levels.__getitem__),):
-            trigger, distance, how = _find_trigger(graph, trigger_config, t, group[0], role=Role.BACKWARD)
-            if trigger is None:
-                continue
-            anchor = anchored_trigger(graph, trigger, t, backward=True)
-            if anchor != trigger:
-                first = min(group, key=graph.levels.__getitem__)
-                trigger, distance, how = anchor, graph.levels[first] - graph.levels[anchor], f"{how}+anchored"
-            entries.append(_recompute(graph, t, tuple(group), chain, len(entries), trigger, distance, how))
-        if not entries:
+        readers = tuple(sorted((c for c in graph.data_consumers(t) if graph.ops[c].role is Role.BACKWARD),
+                               key=graph.levels.__getitem__))
+        trigger, distance, how = _find_trigger(graph, trigger_config, t, readers[0], role=Role.BACKWARD)
+        if trigger is None:
             skipped.append(Skip(t, "recompute: no backward op before its readers to trigger the clones"))
             continue
+        anchor = anchored_trigger(graph, trigger, t, backward=True)
+        if anchor != trigger:
+            trigger, distance, how = anchor, graph.levels[readers[0]] - graph.levels[anchor], f"{how}+anchored"
         recomputed.add(t)
-        recomputes.extend(entries)
+        recomputes.append(_recompute(graph, t, readers, chain, 0, trigger, distance, how))
     plan = RecomputePlan(recomputes=tuple(recomputes), skipped=tuple(skipped), n_considered=len(candidates))
     log.debug("recompute: %d tensors (%d clones) of %d candidates", plan.n_recomputed, plan.n_clones,
               len(candidates))
@@ -108,7 +112,7 @@ def plan_recompute(graph: Graph, config: LMSConfig) -> RecomputePlan:
 
 
 def _chain(graph: Graph, tensor: str, types: frozenset[str], saved: set[str],
-           candidates: set[str]) -> list[str] | str:
+           candidates: set[str], drawn: dict[str, bool]) -> list[str] | str:
     """Forward ops to clone (execution order) to rebuild `tensor`, or why it cannot be done."""
     chain: list[str] = []
     seen: set[str] = set()
@@ -125,8 +129,9 @@ def _chain(graph: Graph, tensor: str, types: frozenset[str], saved: set[str],
             return f"needs more than {MAX_CHAIN_OPS} ops"
         seen.add(op.name)
         for u in dict.fromkeys(op.inputs):
-            if _is_random(graph.producer(u).type):  # e.g. a dropout's draw: never rebuilt from
-                return f"reads {u!r}, drawn by a random op"
+            if _drawn(graph, u, drawn):  # e.g. a dropout's mask: its tensors are never rebuilt
+                return f"reads {u!r}, which comes from a random draw"
+        for u in dict.fromkeys(op.inputs):
             if _free_source(graph, u, saved):
                 continue
             if u in candidates:  # saved, but recomputed itself: its chain would reach back further
@@ -143,6 +148,28 @@ def _chain(graph: Graph, tensor: str, types: frozenset[str], saved: set[str],
 
 def _is_random(op_type: str) -> bool:
     return op_type in RANDOM_TYPES or "Random" in op_type or op_type.startswith(("Stateful", "Stateless", "Rng"))
+
+
+# Ops through which a random draw stays "the draw" (a dropout's mask: draw >= rate, cast, scaled).
+_DRAW_CARRIERS = RECOMPUTABLE_TYPES | {"GreaterEqual", "Greater", "Less", "LessEqual", "Equal", "NotEqual",
+                                       "Select", "SelectV2", "LogicalAnd", "LogicalOr", "LogicalNot", "Floor"}
+
+
+def _drawn(graph: Graph, tensor: str, memo: dict[str, bool]) -> bool:
+    """Does `tensor` come from a random op through elementwise ops only (a dropout's mask or output)?"""
+    stack: list[tuple[str, bool]] = [(tensor, False)]
+    while stack:  # iterative post-order: long elementwise chains must not hit the recursion limit
+        t, done = stack.pop()
+        if t in memo:
+            continue
+        op = graph.producer(t)
+        carries = op.type in _DRAW_CARRIERS and not _is_random(op.type)
+        if done or not carries:
+            memo[t] = _is_random(op.type) or (carries and any(memo.get(u, False) for u in op.inputs))
+            continue
+        stack.append((t, True))
+        stack.extend((u, False) for u in op.inputs if u not in memo)
+    return memo[tensor]
 
 
 def _free_source(graph: Graph, tensor: str, saved: set[str]) -> bool:

@@ -96,3 +96,36 @@ def test_saved_file_has_the_usual_mode(tmp_path):
     finally:
         os.umask(mask)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+# ---- recompute ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["none", "cheap", ("Relu", "AddV2"), ["Mul", "BiasAdd"]])
+def test_recompute_values_round_trip_through_json(tmp_path, value):
+    config = LMSConfig(recompute=value)
+    path = config.save(tmp_path / "c.json")
+    doc = json.loads(path.read_text())
+    assert doc["config"]["recompute"] == (value if isinstance(value, str) else list(value))
+    loaded = LMSConfig.load(path)
+    assert loaded == config and loaded.recompute == (value if isinstance(value, str) else tuple(value))
+
+
+@pytest.mark.parametrize("value,match", [
+    ("all", "recompute='all': allowed values are 'none', 'cheap'"),
+    ([], "recompute=(\\[\\]|\\(\\)): allowed values"),
+    (["RandomUniform"], "random and stateful ops are never recomputed"),
+    (["ReadVariableOp"], "random and stateful"),
+    (["Conv2D"], "not a cheap op type"),
+    ([3], "every entry must be an op type name"),
+    (True, "recompute=True"),
+])
+def test_bad_recompute_values_name_the_field(value, match):
+    with pytest.raises(ValueError, match=match):
+        LMSConfig(recompute=value)
+    with pytest.raises(ValueError, match=match):
+        LMSConfig.from_dict({"recompute": value})
+
+
+def test_recompute_alone_enables_lms():
+    assert not LMSConfig(n_tensors=0).enabled
+    assert LMSConfig(n_tensors=0, recompute="cheap").enabled

@@ -144,13 +144,28 @@ def default_temporaries(device: DeviceProfile | None) -> TemporaryModel:
 
 def _cost_array(cg: CompiledGraph, op_costs: Mapping[str, float] | OpCosts | None,
                 measured_batch: int | None, batch: int) -> np.ndarray | None:
+    names = _timed_names(cg)
     if isinstance(op_costs, OpCosts):
-        return op_costs.seconds(cg.op_names, batch)
+        return op_costs.seconds(names, batch)
     if not op_costs:
         return None
     scale = batch / measured_batch if measured_batch else 1.0
-    return np.fromiter((op_costs.get(n, math.nan) for n in cg.op_names), dtype=float,
-                       count=len(cg.op_names)) * scale
+    return np.fromiter((op_costs.get(n, math.nan) for n in names), dtype=float, count=len(names)) * scale
+
+
+def _timed_names(cg: CompiledGraph) -> tuple[str, ...]:
+    """Op names to look measured times up by: a recompute clone takes its original's time."""
+    rp = cg.plan.recompute if cg.plan is not None else None
+    if rp is None or not rp.recomputes:
+        return cg.op_names
+    names = _TIMED_NAMES.get(cg)
+    if names is None:
+        original = {c.name: c.op for r in rp.recomputes for c in r.clones}
+        names = _TIMED_NAMES[cg] = tuple(original.get(n, n) for n in cg.op_names)
+    return names
+
+
+_TIMED_NAMES: "weakref.WeakKeyDictionary[CompiledGraph, tuple[str, ...]]" = weakref.WeakKeyDictionary()
 
 
 def run(cg: CompiledGraph, batch: int, *, device: DeviceProfile | None = None,
