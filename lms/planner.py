@@ -39,6 +39,8 @@ the previous consumer runs, so the copies would coexist anyway).
 
 Last, triggers that Grappler could fold into a fusion are moved to a safe
 ancestor (`lms.anchor.anchor_triggers`): the plan is exactly what is applied.
+With ``schedule="memory"`` the swap-ins keep no trigger: the memory schedule
+(`lms.schedule`) places each one and pins it there.
 
 ``swap_branches``: a forward tensor whose forward readers lie more than
 ``branch_threshold`` levels after its producer (a long skip connection) is also
@@ -49,6 +51,7 @@ swapped out, and those far readers get a swap-in triggered by a forward op
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 from typing import Iterable, Iterator
@@ -179,9 +182,23 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
                     n_candidates=len(candidates), graph_name=graph.name, batch_size=graph.batch_size,
                     recompute=recompute)
     plan = anchor_triggers(graph, plan)
+    if config.schedule == "memory":
+        plan = _untriggered(plan)
     log.debug("planned %d swaps (%d swap-ins) of %d candidates", plan.n_swapped, plan.n_swap_ins,
               len(candidates))
     return plan
+
+
+def _untriggered(plan: SwapPlan) -> SwapPlan:
+    """Swap-ins without trigger edges: ``schedule="memory"`` places and pins each one (`lms.schedule`).
+
+    The trigger found above still decided *whether* a tensor is swapped (a
+    backward op ``lb``..``ub`` levels before its readers exists).
+    """
+    swaps = tuple(dataclasses.replace(s, swap_ins=tuple(
+        dataclasses.replace(i, trigger=None, strategy=f"{i.strategy}, placed by the schedule") for i in s.swap_ins))
+        for s in plan.swaps)
+    return dataclasses.replace(plan, swaps=swaps)
 
 
 def _group_consumers(graph: Graph, consumers: list[str], config: LMSConfig, *,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -177,7 +177,8 @@ def _alias_root(graph: Graph, tensor: str) -> str:
 
 def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "executor",
                   expensive_op_bytes: int | None = None, temporaries: TemporaryModel,
-                  resident_bytes: int | None = None, round_to: int = 256) -> CompiledGraph:
+                  resident_bytes: int | None = None, round_to: int = 256,
+                  schedule: Any = None) -> CompiledGraph:
     """Rewrite `graph` by `plan` and compile it for `lms.sim.interpreter.run`.
 
     Args:
@@ -190,10 +191,22 @@ def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "e
             slots, constants); ``None``: derived from the graph (each variable's
             largest ``ReadVariableOp`` output, once, plus constants).
         round_to: allocation granularity (TF's BFC allocator: 256 bytes).
+        schedule: a `lms.schedule.Schedule` for (graph, plan): its ordering edges
+            are added as control edges; a pinned order replaces the executor
+            model (``order`` is then ignored), since the pins make it the order
+            that runs.
     """
     g = rewrite_graph(graph, plan) if plan is not None and plan.rewrites else graph
+    if schedule is not None and schedule.edges:
+        g = _with_edges(g, schedule.edges)
     g = complete_sizes(bypass_identities(g))
-    names = executed_order(g, order, expensive_op_bytes=expensive_op_bytes)
+    if schedule is not None and schedule.order:
+        names = tuple(nm for nm in schedule.order if nm in g.ops)
+        if len(names) != len(g.ops):
+            raise ValueError(f"the schedule orders {len(names)} of the graph's {len(g.ops)} ops")
+        order = "pinned"
+    else:
+        names = executed_order(g, order, expensive_op_bytes=expensive_op_bytes)
     n = len(names)
     ops = [g.ops[nm] for nm in names]
     last_reader = _last_readers(g, names)
@@ -328,6 +341,12 @@ def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "e
     )
 
 
+def _with_edges(g: Graph, edges: Any) -> Graph:
+    from ..schedule import pin_graph  # lms.schedule imports lms.sim.shapes: import here, not at the top
+
+    return pin_graph(g, edges)
+
+
 _VARIABLE_UPDATES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
 
 
@@ -397,12 +416,14 @@ class _SwapIndex:
     def events(self, g: Graph, ops: list) -> tuple[tuple[tuple[int, int, int], ...], tuple[tuple[int, ...], ...]]:
         waits: list[tuple[int, ...]] = []
         events = [(p, 0, i) for i, p in enumerate(self.out_pos)] + [(p, 1, i) for i, p in enumerate(self.in_pos)]
-        if self.in_index:
+        if self.in_index or self.out_index:
             for pos, op in enumerate(ops):
                 if op.type == SWAP_IN_TYPE:
                     continue
                 reads = tuple(dict.fromkeys(self.in_index[g.producer(t).name] for t in op.inputs
                                             if g.producer(t).name in self.in_index))
+                # a control input from a swap-out (sync_mode 1): wait for that copy; coded -1 - index
+                reads += tuple(-1 - self.out_index[c] for c in op.control_inputs if c in self.out_index)
                 if reads:
                     events.append((pos, 2, len(waits)))
                     waits.append(reads)
