@@ -66,10 +66,13 @@ __all__ = ["plan_swaps", "find_candidates", "SKIPPED_PRODUCER_TYPES"]
 
 log = logging.getLogger(__name__)
 
-# A tensor that recompute clones read (a chain's source) is read again a few levels later
-# by the gradient of its own consumer (BatchNorm's gradient reads the BiasAdd output the
-# chain rebuilt the ReLU from; 11-17 levels later on ResNet-50): one swap-in serves readers
-# up to this many levels apart, so its bytes cross the link once, not once per reader.
+# With ``fuse_swapins``: a tensor that recompute clones read (a chain's source) is read again a
+# few levels later by the gradient of its own consumer (BatchNorm's gradient reads the BiasAdd
+# output the chain rebuilt the ReLU from; 11-17 levels later on ResNet-50): one swap-in serves
+# readers up to this many levels apart, so its bytes cross the link once, not once per reader.
+# It holds the source meanwhile: where a memory schedule runs another branch in between
+# (ResNet-50's shortcut BatchNorm after the main branch) that costs batch size, so it is the
+# tuner's choice through ``fuse_swapins``, not a rule.
 RECOMPUTE_SHARE_LEVELS = 32
 
 # Producers whose outputs TFLMS never swapped: inputs, constants, variable reads,
@@ -165,7 +168,8 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
             continue
         backward = [c for c in graph.data_consumers(t) if graph.ops[c].role is Role.BACKWARD]
         swap_ins: list[SwapIn] = []
-        share = RECOMPUTE_SHARE_LEVELS if any(c.startswith(RECOMPUTE_PREFIX) for c in backward) else None
+        share = RECOMPUTE_SHARE_LEVELS if config.fuse_swapins and any(c.startswith(RECOMPUTE_PREFIX) for c in backward) \
+            else None
         for group in _group_consumers(graph, backward, config, gap=share):
             trigger, distance, how = _find_trigger(graph, config, t, group[0], role=Role.BACKWARD)
             if trigger is None:  # these readers keep reading the device copy

@@ -51,10 +51,12 @@ def test_relu_after_batchnorm_is_recomputed_from_the_saved_biasadd(blocks):
         assert all(rewritten.ops[c].role is Role.FORWARD for c in rewritten.consumers(t))
 
 
-def test_sources_are_swapped_for_the_clones_once_and_relus_not_at_all():
+def test_fused_sources_are_swapped_in_once_for_the_clones_and_their_gradient():
     g = bn_relu_blocks(4)
     swap_only = plan_swaps(g, LMSConfig())
-    both = plan_swaps(g, CHEAP)
+    both = plan_swaps(g, LMSConfig(recompute="cheap", fuse_swapins=True))
+    unfused = plan_swaps(g, CHEAP)
+    assert all(len(s.swap_ins) == 2 for s in unfused.swaps)  # one per reader, as TFLMS does
     assert {s.tensor for s in swap_only.swaps} >= {f"block{i}/relu:0" for i in range(4)}
     swapped = {s.tensor: s for s in both.swaps}
     assert not any(t.endswith("relu:0") for t in swapped)
@@ -74,10 +76,10 @@ def test_simulator_runs_and_times_the_clones_like_any_other_op():
     both = simulate(g, CHEAP, batch=64, device="P100-16GB", timeline=False)
     none = simulate(g, None, batch=64, device="P100-16GB", timeline=False)
     # 4 Relu outputs of 1 MiB per sample no longer cross the link: 4 swap-outs and 7 swap-ins
-    # (three are read by the next conv's filter gradient and by their ReluGrad); the BiasAdd
-    # outputs still cross once each way, now for the clones and the BatchNorm gradient together
-    assert (swap_only.n_swap_outs, swap_only.n_swap_ins, both.n_swap_outs, both.n_swap_ins) == (8, 11, 4, 4)
-    assert swap_only.transfer_bytes - both.transfer_bytes == (4 + 7) * 64 * MiB
+    # (three are read by the next conv's filter gradient and by their ReluGrad); each BiasAdd
+    # output is now swapped in twice: for the clones and for the BatchNorm gradient
+    assert (swap_only.n_swap_outs, swap_only.n_swap_ins, both.n_swap_outs, both.n_swap_ins) == (8, 11, 4, 8)
+    assert swap_only.transfer_bytes - both.transfer_bytes == (4 + 7 - 4) * 64 * MiB
     # three elementwise clones per block cost compute time
     assert both.compute_time_s > none.compute_time_s == swap_only.compute_time_s
     plan = plan_swaps(g, CHEAP)
