@@ -194,7 +194,7 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
 
 
 def _untriggered(plan: SwapPlan) -> SwapPlan:
-    """Swap-ins without trigger edges: ``schedule="memory"`` places and pins each one (`lms.schedule`).
+    """Swap-ins and recompute clones without trigger edges: ``schedule="memory"`` places and pins each one.
 
     The trigger found above still decided *whether* a tensor is swapped (a
     backward op ``lb``..``ub`` levels before its readers exists).
@@ -202,7 +202,8 @@ def _untriggered(plan: SwapPlan) -> SwapPlan:
     swaps = tuple(dataclasses.replace(s, swap_ins=tuple(
         dataclasses.replace(i, trigger=None, strategy=f"{i.strategy}, placed by the schedule") for i in s.swap_ins))
         for s in plan.swaps)
-    return dataclasses.replace(plan, swaps=swaps)
+    recompute = plan.recompute.untriggered(", placed by the schedule") if plan.recompute is not None else None
+    return dataclasses.replace(plan, swaps=swaps, recompute=recompute)
 
 
 def _group_consumers(graph: Graph, consumers: list[str], config: LMSConfig, *,

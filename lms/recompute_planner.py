@@ -26,10 +26,14 @@ ReLU output is read by the next convolution's filter gradient and, ~13 levels
 later on ResNet-50, by its own ``ReluGrad``: a chain per reader would double
 the recompute work for little memory). The chain's first clones get a control
 edge from a trigger: the backward op nearest before the first reader, found
-like a swap-in's trigger with ``lb=1`` (recomputing earlier only holds the copy
-longer: it overlaps nothing) and anchored like one (`lms.anchor`). The trigger
-depends on every forward reader of the tensor, so the clones run after the
-originals. The swap planner gives a chain's source one swap-in for the chain
+from the reader's other inputs (its incoming gradient: the clones run right
+before it), else like a swap-in's trigger with ``lb=1`` (recomputing earlier
+only holds the copy longer: it overlaps nothing), anchored like one
+(`lms.anchor`). The trigger depends on every forward reader of the tensor, so
+the clones run after the originals. With ``schedule="memory"`` `lms.planner.plan_swaps`
+drops the clones' triggers once the swaps are planned (as it does the
+swap-ins'): the memory schedule places the clones (right before their
+readers, as it places swap-ins) and pins them there. The swap planner gives a chain's source one swap-in for the chain
 and the source's other backward readers close after it
 (`lms.planner.RECOMPUTE_SHARE_LEVELS`), so its bytes cross the link once.
 
@@ -96,7 +100,9 @@ def plan_recompute(graph: Graph, config: LMSConfig) -> RecomputePlan:
             continue
         readers = tuple(sorted((c for c in graph.data_consumers(t) if graph.ops[c].role is Role.BACKWARD),
                                key=graph.levels.__getitem__))
-        trigger, distance, how = _find_trigger(graph, trigger_config, t, readers[0], role=Role.BACKWARD)
+        trigger, distance, how = _just_in_time_trigger(graph, t, readers[0])
+        if trigger is None:
+            trigger, distance, how = _find_trigger(graph, trigger_config, t, readers[0], role=Role.BACKWARD)
         if trigger is None:
             skipped.append(Skip(t, "recompute: no backward op before its readers to trigger the clones"))
             continue
@@ -109,6 +115,24 @@ def plan_recompute(graph: Graph, config: LMSConfig) -> RecomputePlan:
     log.debug("recompute: %d tensors (%d clones) of %d candidates", plan.n_recomputed, plan.n_clones,
               len(candidates))
     return plan
+
+
+def _just_in_time_trigger(graph: Graph, tensor: str, reader: str) -> tuple[str | None, int | None, str]:
+    """The deepest backward op that produces another input of `reader` (its incoming gradient).
+
+    The clones then run right before the reader, after everything else it waits
+    for. Eligible as a swap-in trigger is (`lms.planner._eligible`): deeper than
+    the forward pass's end and after every forward reader of `tensor`.
+    """
+    from .planner import _eligible
+
+    levels = graph.levels
+    inputs = [p for p in graph.ops[reader].input_ops if p != graph.producer(tensor).name]
+    valid = [p for p in dict.fromkeys(inputs) if _eligible(graph, p, Role.BACKWARD, tensor)]
+    if not valid:
+        return None, None, ""
+    pick = max(valid, key=lambda p: (levels[p], p))
+    return pick, levels[reader] - levels[pick], "reader's input"
 
 
 def _chain(graph: Graph, tensor: str, types: frozenset[str], saved: set[str],
@@ -182,7 +206,7 @@ def _free_source(graph: Graph, tensor: str, saved: set[str]) -> bool:
 
 
 def _recompute(graph: Graph, tensor: str, consumers: tuple[str, ...], chain: list[str], group: int,
-               trigger: str, distance: int | None, strategy: str) -> Recompute:
+               trigger: str | None, distance: int | None, strategy: str) -> Recompute:
     made: dict[str, str] = {}
     clones: list[Clone] = []
     sources: list[str] = []
@@ -197,7 +221,7 @@ def _recompute(graph: Graph, tensor: str, consumers: tuple[str, ...], chain: lis
                 inputs.append(u)
                 sources.append(u)
         root = not any(u in made for u in op.inputs)
-        clone = Clone(clone_name, name, tuple(inputs), (trigger,) if root else ())
+        clone = Clone(clone_name, name, tuple(inputs), (trigger,) if root and trigger else ())
         clones.append(clone)
         for t in op.outputs:
             made[t] = clone.output(t)
