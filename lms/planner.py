@@ -159,6 +159,8 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
 
         recompute = plan_recompute(graph, config)
         graph = recompute.rewrite(graph)
+    # clone -> the readers of the tensor its chain rebuilds (a swap-in serving the clone serves them)
+    clone_readers = {c.name: r.consumers for r in recompute.recomputes for c in r.clones} if recompute else {}
     candidates, skipped = find_candidates(graph, config)
     swaps: dict[str, Swap] = {}
     limit = len(candidates) if config.n_tensors < 0 else config.n_tensors
@@ -171,7 +173,8 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
         share = RECOMPUTE_SHARE_LEVELS if config.fuse_swapins and any(c.startswith(RECOMPUTE_PREFIX) for c in backward) \
             else None
         for group in _group_consumers(graph, backward, config, gap=share):
-            trigger, distance, how = _find_trigger(graph, config, t, group[0], role=Role.BACKWARD)
+            avoid = frozenset(r for c in group for r in clone_readers.get(c, ()))
+            trigger, distance, how = _find_trigger(graph, config, t, group[0], role=Role.BACKWARD, avoid=avoid)
             if trigger is None:  # these readers keep reading the device copy
                 continue
             name = swap_op_name("swap_in", t, len(swap_ins))
@@ -229,30 +232,35 @@ def _group_consumers(graph: Graph, consumers: list[str], config: LMSConfig, *,
 
 
 def _find_trigger(graph: Graph, config: LMSConfig, tensor: str, consumer: str, *,
-                  role: Role, floor: int = -1) -> tuple[str | None, int | None, str]:
+                  role: Role, floor: int = -1, avoid: frozenset[str] = frozenset()) -> tuple[str | None, int | None, str]:
     """(trigger op, distance in levels, strategy used) for a swap-in before `consumer`.
 
-    Only ops of `role` with a level above `floor` are eligible.
+    Only ops of `role` with a level above `floor` are eligible, and none that
+    reads a tensor an op of `avoid` reads: `avoid` are ops downstream of the
+    swap-in through recompute clones, and oneDNN merges siblings that read one
+    tensor (``BiasAddGrad`` into ``Conv2DBackpropFilter``): merged with a
+    downstream op, the trigger would close a cycle (seen on TF 2.21 CPU).
     """
     if config.ctrld_strategy == "chain_rule" and role is Role.BACKWARD:
-        found = _chain_rule_trigger(graph, config, tensor, consumer)
+        found = _chain_rule_trigger(graph, config, tensor, consumer, avoid=avoid)
         if found is not None:
             return found[0], found[1], "chain_rule"
-        trig, dist = _direct_order_trigger(graph, config, tensor, consumer, role=role, floor=floor)
+        trig, dist = _direct_order_trigger(graph, config, tensor, consumer, role=role, floor=floor, avoid=avoid)
         return trig, dist, "direct_order (fallback)" if trig else ""
-    trig, dist = _direct_order_trigger(graph, config, tensor, consumer, role=role, floor=floor)
+    trig, dist = _direct_order_trigger(graph, config, tensor, consumer, role=role, floor=floor, avoid=avoid)
     return trig, dist, "direct_order" if trig else ""
 
 
 def _direct_order_trigger(graph: Graph, config: LMSConfig, tensor: str, consumer: str, *, role: Role,
-                          floor: int) -> tuple[str | None, int | None]:
+                          floor: int, avoid: frozenset[str] = frozenset()) -> tuple[str | None, int | None]:
     """An op `k` levels before `consumer`, smallest k in [lb, ub]; ancestors preferred."""
     level = graph.levels[consumer]
     for k in range(config.lb, config.ub + 1):
         target = level - k
         if target <= floor or target < 0:
             break
-        at_level = [o for o in graph.ops_by_level.get(target, ()) if _eligible(graph, o, role, tensor)]
+        at_level = [o for o in graph.ops_by_level.get(target, ())
+                    if _eligible(graph, o, role, tensor) and not _shares_input(graph, o, avoid)]
         if not at_level:
             continue
         for o in at_level:
@@ -260,6 +268,14 @@ def _direct_order_trigger(graph: Graph, config: LMSConfig, tensor: str, consumer
                 return o, k
         return at_level[0], k
     return None, None
+
+
+def _shares_input(graph: Graph, op: str, others: frozenset[str]) -> bool:
+    """Does `op` read a tensor that one of `others` reads too?"""
+    if not others:
+        return False
+    mine = set(graph.ops[op].inputs)
+    return any(mine.intersection(graph.ops[o].inputs) for o in others if o in graph.ops)
 
 
 def _eligible(graph: Graph, op: str, role: Role, tensor: str) -> bool:
@@ -286,8 +302,8 @@ def _eligible(graph: Graph, op: str, role: Role, tensor: str) -> bool:
                if graph.ops[r].role is Role.FORWARD)
 
 
-def _chain_rule_trigger(graph: Graph, config: LMSConfig, tensor: str,
-                        consumer: str) -> tuple[str, int] | None:
+def _chain_rule_trigger(graph: Graph, config: LMSConfig, tensor: str, consumer: str, *,
+                        avoid: frozenset[str] = frozenset()) -> tuple[str, int] | None:
     """A gradient op of a forward op `k` forward levels after the producer, k in [lb, ub]."""
     levels = graph.levels
     limit = levels[consumer]
@@ -301,7 +317,8 @@ def _chain_rule_trigger(graph: Graph, config: LMSConfig, tensor: str,
         if k < config.lb:
             continue
         valid = [g for f in fwd_ops for g in graph.gradient_ops.get(f, ())
-                 if levels[g] < limit and g != consumer and _eligible(graph, g, Role.BACKWARD, tensor)]
+                 if levels[g] < limit and g != consumer and _eligible(graph, g, Role.BACKWARD, tensor)
+                 and not _shares_input(graph, g, avoid)]
         if not valid:
             continue
         ancestors = [g for g in valid if graph.is_ancestor(g, consumer)]

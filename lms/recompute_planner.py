@@ -102,7 +102,8 @@ def plan_recompute(graph: Graph, config: LMSConfig) -> RecomputePlan:
                                key=graph.levels.__getitem__))
         trigger, distance, how = _just_in_time_trigger(graph, t, readers[0])
         if trigger is None:
-            trigger, distance, how = _find_trigger(graph, trigger_config, t, readers[0], role=Role.BACKWARD)
+            trigger, distance, how = _find_trigger(graph, trigger_config, t, readers[0], role=Role.BACKWARD,
+                                                   avoid=frozenset(readers))
         if trigger is None:
             skipped.append(Skip(t, "recompute: no backward op before its readers to trigger the clones"))
             continue
@@ -124,11 +125,12 @@ def _just_in_time_trigger(graph: Graph, tensor: str, reader: str) -> tuple[str |
     for. Eligible as a swap-in trigger is (`lms.planner._eligible`): deeper than
     the forward pass's end and after every forward reader of `tensor`.
     """
-    from .planner import _eligible
+    from .planner import _eligible, _shares_input
 
     levels = graph.levels
     inputs = [p for p in graph.ops[reader].input_ops if p != graph.producer(tensor).name]
-    valid = [p for p in dict.fromkeys(inputs) if _eligible(graph, p, Role.BACKWARD, tensor)]
+    valid = [p for p in dict.fromkeys(inputs)
+             if _eligible(graph, p, Role.BACKWARD, tensor) and not _shares_input(graph, p, frozenset((reader,)))]
     if not valid:
         return None, None, ""
     pick = max(valid, key=lambda p: (levels[p], p))

@@ -25,10 +25,11 @@ from tensorflow.python.eager import record
 
 from ..anchor import REWRITABLE_TYPES, anchor_triggers  # noqa: F401  (re-exported)
 from ..plan import Swap, SwapIn, SwapPlan
+from ..recompute import RecomputePlan
 from .emulate import emulated_swap_in, emulated_swap_out
 
 __all__ = ["apply_plan", "anchor_triggers", "AppliedPlan", "SWAP_OPS", "HOST_DEVICE", "REWRITABLE_TYPES",
-           "DO_NOT_REMOVE_ATTR", "default_compute_device", "swap_op_names", "optimized_graph_def",
+           "DO_NOT_REMOVE_ATTR", "default_compute_device", "swap_op_names", "clone_op_names", "optimized_graph_def",
            "executed_graph_defs"]
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class AppliedPlan:
         rerouted_inputs: consumer inputs now reading a swap-in.
         triggers: control edges added (trigger op -> swap-in op).
         swap_ops: ``"device"`` or ``"emulated"``.
+        clones: the inserted recompute clones (``lms/recompute/...``), in plan order.
     """
 
     swap_outs: tuple[str, ...]
@@ -58,6 +60,7 @@ class AppliedPlan:
     rerouted_inputs: int
     triggers: int
     swap_ops: str
+    clones: tuple[str, ...] = ()
 
 
 def default_compute_device() -> str:
@@ -106,7 +109,13 @@ def apply_plan(graph: tf.Graph, plan: SwapPlan, *, swap_ops: str = "emulated",
     swap_ins: list[str] = []
     inserted: list[str] = []
     rerouted = triggers = 0
+    clones: list[str] = []
     with graph.as_default(), record.stop_recording():
+        if plan.recompute is not None:  # first: the swaps may serve clones
+            clones, n_rerouted, n_triggers = _insert_clones(graph, plan.recompute)
+            inserted.extend(clones)
+            rerouted += n_rerouted
+            triggers += n_triggers
         for swap in plan.swaps:
             t = _tensor(graph, swap.tensor)
             host, new_ops = _insert_swap_out(graph, t, swap, swap_ops=swap_ops, bandwidth=bandwidth)
@@ -125,10 +134,64 @@ def apply_plan(graph: tf.Graph, plan: SwapPlan, *, swap_ops: str = "emulated",
                     graph.get_operation_by_name(new_ops[0])._add_control_input(  # noqa: SLF001
                         _op(graph, si.trigger, what=f"trigger of {si.name}"))
                     triggers += 1
-    applied = AppliedPlan(tuple(swap_outs), tuple(swap_ins), tuple(inserted), rerouted, triggers, swap_ops)
+    applied = AppliedPlan(tuple(swap_outs), tuple(swap_ins), tuple(inserted), rerouted, triggers, swap_ops,
+                          tuple(clones))
     log.debug("applied %d swap-outs, %d swap-ins (%s), %d inputs rerouted", len(swap_outs),
               len(swap_ins), swap_ops, rerouted)
     return applied
+
+
+def _insert_clones(graph: tf.Graph, recompute: RecomputePlan) -> tuple[list[str], int, int]:
+    """Clone each chain of `recompute` into the backward pass and reroute its readers.
+
+    For a tensor ``t`` rebuilt by the chain ``(m) -> (a) -> (r)`` from the source ``b``::
+
+        (m) -> (a) -> (r) -> t -> (bwd)        (m) -> (a) -> (r) -> t
+        b --^                                  b -> [clone m] -> [clone a] -> [clone r] -> t' -> (bwd)
+                                                        ^
+                                        (trigger) ......+  control edge
+
+    A clone is the original's op type with its attributes and device, created with
+    no control inputs but the trigger, outside any name scope. It is *not* marked
+    ``_grappler_do_not_remove``: Grappler must rewrite a chain of clones exactly as
+    it rewrites the original chain (its arithmetic optimizer turns
+    ``(mul_1 + sub) + shortcut`` into one ``AddN``; a protected clone chain would
+    add in another order and differ in the last bit). Common-subexpression
+    elimination cannot merge a clone back into its original: the chain's first
+    clone waits for its trigger (a control input the original lacks) and the
+    others read clones. `lms.tf.apply.clone_op_names` of `optimized_graph_def`
+    shows which survived.
+
+    Returns:
+        (clone names, inputs rerouted, trigger edges added).
+    """
+    names: list[str] = []
+    rerouted = triggers = 0
+    for r in recompute.recomputes:
+        made: dict[str, tf.Tensor] = {}
+        for clone in r.clones:
+            original = _op(graph, clone.op, what=f"forward op recomputed for {r.tensor}")
+            _check_free_name(graph, clone.name)
+            inputs = [made[name] if name in made else _tensor(graph, name) for name in clone.inputs]
+            attrs = {k: v for k, v in original.node_def.attr.items() if not k.startswith("_")}
+            with graph.name_scope(None), graph.control_dependencies(None), graph.colocate_with(
+                    None, ignore_existing=True), graph.device(original.device):
+                op = graph._create_op_internal(  # noqa: SLF001
+                    original.type, inputs, [t.dtype for t in original.outputs], name=clone.name, attrs=attrs,
+                    op_def=original.op_def)
+            if op.name != clone.name:
+                raise ValueError(f"clone op was named {op.name!r}, expected {clone.name!r}")
+            for c in clone.control_inputs:
+                op._add_control_input(_op(graph, c, what=f"trigger of {clone.name}"))  # noqa: SLF001
+                triggers += 1
+            for i, t in enumerate(original.outputs):
+                made[clone.output(t.name)] = op.outputs[i]
+            names.append(op.name)
+        new_t = made[r.output]
+        old_t = _tensor(graph, r.tensor)
+        for c in r.consumers:
+            rerouted += _reroute(_op(graph, c, what=f"reader of recomputed {r.tensor}"), old_t, new_t)
+    return names, rerouted, triggers
 
 
 def _insert_swap_out(graph: tf.Graph, t: tf.Tensor, swap: Swap, *, swap_ops: str,
@@ -239,6 +302,14 @@ def swap_op_names(graph_def: Any) -> list[str]:
     for fdef in graph_def.library.function:
         names.extend(n.name for n in fdef.node_def)
     return [n for n in names if n.startswith(("lms/swap_out/", "lms/swap_in/"))]
+
+
+def clone_op_names(graph_def: Any) -> list[str]:
+    """Names of the ``lms/recompute/...`` clones of a GraphDef (and its library)."""
+    names = [n.name for n in graph_def.node]
+    for fdef in graph_def.library.function:
+        names.extend(n.name for n in fdef.node_def)
+    return [n for n in names if n.startswith("lms/recompute/")]
 
 
 def optimized_graph_def(concrete_fn: Any) -> Any:

@@ -88,6 +88,9 @@ class LMSSummary:
         batch_size: batch the sizes refer to.
         swap_ops: ``"device"`` or ``"emulated"``.
         swapped: one entry per swapped tensor.
+        recomputed: tensors the backward pass rebuilds instead (``LMSConfig.recompute``).
+        recomputed_bytes: their bytes at `batch_size` (no longer kept or swapped).
+        n_clones: forward ops cloned into the backward pass to rebuild them.
     """
 
     n_swapped: int
@@ -97,11 +100,15 @@ class LMSSummary:
     batch_size: int
     swap_ops: str
     swapped: tuple[SwappedTensor, ...]
+    recomputed: tuple[str, ...] = ()
+    recomputed_bytes: int = 0
+    n_clones: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["swapped"] = [dict(s, consumers=list(s["consumers"]), swap_ins=list(s["swap_ins"]))
                           for s in out["swapped"]]
+        out["recomputed"] = list(self.recomputed)
         return out
 
     @classmethod
@@ -111,9 +118,11 @@ class LMSSummary:
                           trigger=s.swap_ins[0].trigger if s.swap_ins else None,
                           swap_ins=tuple(i.name for i in s.swap_ins))
             for s in plan.swaps)
+        rp = plan.recompute
         return cls(n_swapped=plan.n_swapped, swapped_bytes=plan.swapped_bytes, n_swap_ins=plan.n_swap_ins,
                    n_candidates=plan.n_candidates, batch_size=plan.batch_size, swap_ops=swap_ops,
-                   swapped=swapped)
+                   swapped=swapped, recomputed=rp.tensors if rp is not None else (),
+                   recomputed_bytes=plan.recomputed_bytes, n_clones=rp.n_clones if rp is not None else 0)
 
 
 def as_config(config: Any) -> LMSConfig:
@@ -187,6 +196,9 @@ class _Rewriter:
                  "(%s swap ops) in %s; extract+plan+apply %.2f s", plan.n_swapped,
                  plan.swapped_bytes / _MiB, batch, plan.n_candidates, plan.n_swap_ins, self.swap_ops,
                  self.owner, done - start)
+        if plan.n_recomputed:
+            log.info("LMS: recomputes %d tensors (%.1f MiB at batch %d) with %d cloned ops in %s",
+                     plan.n_recomputed, plan.recomputed_bytes / _MiB, batch, summary.n_clones, self.owner)
 
     def set_disabled(self, args: tuple, kwargs: dict, *, graph: tf.Graph, batch_hint: int | None) -> None:
         """Record an empty plan for a trace with LMS off (``n_tensors=0``)."""
