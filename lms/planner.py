@@ -293,6 +293,10 @@ def _eligible(graph: Graph, op: str, role: Role, tensor: str) -> bool:
     """
     if graph.ops[op].role is not role or graph.ops[op].type in SHAPE_ONLY_TYPES:
         return False  # shape ops are cheap metadata that Grappler may fold away
+    if op.startswith(RECOMPUTE_PREFIX):
+        # a clone runs right before its readers anyway, and a control edge out of one keeps
+        # Grappler from rewriting its chain as it rewrote the original (the last bits differ)
+        return False
     if role is not Role.BACKWARD:
         return True
     end = graph.forward_end

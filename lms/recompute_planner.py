@@ -89,6 +89,9 @@ def plan_recompute(graph: Graph, config: LMSConfig) -> RecomputePlan:
     for t in candidates:
         spec = graph.tensors[t]
         producer = graph.producer(t)
+        if _drawn(graph, t, drawn):
+            skipped.append(Skip(t, "recompute: comes from a random draw (kept or swapped, never drawn again)"))
+            continue
         if producer.type not in types:
             continue
         if spec.per_sample_bytes == 0 and graph.tensor_bytes(t) <= TINY_SOURCE_BYTES:

@@ -107,6 +107,7 @@ def test_dropout_tensors_are_never_recomputed():
     assert not any("/dropout/" in s for r in rp.recomputes for s in r.sources)
     reasons = {k.tensor: k.reason for k in rp.skipped}
     assert "random draw" in reasons["block0/dropout/Cast:0"]
+    assert reasons["block0/dropout/Cast:0"].startswith("recompute: comes from a random draw")
     assert "random draw" in reasons["block0/dropout/Mul:0"]
     # the mask is saved: swapped like any other tensor, not drawn again
     assert "block0/dropout/Cast:0" in {s.tensor for s in plan.swaps}
