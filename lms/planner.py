@@ -160,7 +160,8 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
         recompute = plan_recompute(graph, config)
         graph = recompute.rewrite(graph)
     # clone -> the readers of the tensor its chain rebuilds (a swap-in serving the clone serves them)
-    clone_readers = {c.name: r.consumers for r in recompute.recomputes for c in r.clones} if recompute else {}
+    clone_readers = {c.name: r.consumers for r in recompute.recomputes for c in (*r.clones, *r.gates)} \
+        if recompute else {}
     candidates, skipped = find_candidates(graph, config)
     swaps: dict[str, Swap] = {}
     limit = len(candidates) if config.n_tensors < 0 else config.n_tensors

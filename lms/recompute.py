@@ -8,8 +8,8 @@ clones wait for a *trigger* (a backward op that runs shortly before the
 readers), so the chain runs late, not as soon as its sources exist::
 
     forward:   (conv) -> b -> (mul_1) -> (add_1) -> (relu) -> t -> (next conv)
-    backward:                 b ---> [lms/recompute/t_0/mul_1] -> [.../add_1] -> [.../relu] -> (ReluGrad)
-                    (trigger) ..........^ control edge
+    backward:     b -> [.../gate] -> [lms/recompute/t_0/mul_1] -> [.../add_1] -> [.../relu] -> (ReluGrad)
+         (trigger) ......^ control edge
 
 The clones are ops of the rewritten graph model (`RecomputePlan.rewrite`), with
 backward role: the swap planner then plans swaps of their sources (``b`` above)
@@ -29,9 +29,10 @@ from .graph import Graph, GraphError, Op, Role, Tensor
 from .optypes import never_recomputed
 from .plan import PlanError, Skip
 
-__all__ = ["Clone", "Recompute", "RecomputePlan", "recompute_op_name", "RECOMPUTE_PREFIX"]
+__all__ = ["Clone", "Gate", "Recompute", "RecomputePlan", "recompute_op_name", "RECOMPUTE_PREFIX", "GATE_TYPE"]
 
 RECOMPUTE_PREFIX = "lms/recompute/"
+GATE_TYPE = "Identity"
 
 
 def recompute_op_name(tensor: str, group: int, op: str) -> str:
@@ -46,15 +47,39 @@ def recompute_op_name(tensor: str, group: int, op: str) -> str:
 
 
 @dataclass(frozen=True)
+class Gate:
+    """An identity of a chain's source that waits for the trigger; the chain's first clones read it.
+
+    The trigger's control edge sits on the gate, not on a clone: a clone with a
+    control input is one Grappler's arithmetic optimizer rewrites differently
+    from its original (seen: ``Pow(x, 3)`` of a tanh-GELU), so the clones must
+    look exactly like the originals but for where their inputs come from.
+
+    Attributes:
+        name: the gate's op name.
+        tensor: the source it passes through (no copy: a view).
+        control_inputs: the trigger (none when a pinned schedule places the chain).
+    """
+
+    name: str
+    tensor: str
+    control_inputs: tuple[str, ...] = ()
+
+    @property
+    def output(self) -> str:
+        return f"{self.name}:0"
+
+
+@dataclass(frozen=True)
 class Clone:
     """One forward op run again in the backward pass.
 
     Attributes:
         name: the clone's op name.
         op: the forward op it copies (same type, attributes and device).
-        inputs: what it reads, one per input of `op`: the original input, or
-            the output of an earlier clone of that input's producer.
-        control_inputs: the trigger (first clones of a chain only).
+        inputs: what it reads, one per input of `op`: the original input, its
+            gate, or the output of an earlier clone of that input's producer.
+        control_inputs: none in plans made here (the trigger waits on the gates).
     """
 
     name: str
@@ -76,6 +101,7 @@ class Recompute:
         consumers: backward ops rerouted to read the rebuilt copy.
         clones: the chain, in execution order; the last copies `tensor`'s producer.
         sources: tensors outside the chain that it reads (kept, swapped in or tiny).
+        gates: identities of the sources the chain's first clones read, waiting for the trigger.
         trigger: the backward op the chain waits for.
         nbytes: `tensor`'s size at the graph's traced batch.
         distance: levels between the trigger and the first consumer.
@@ -90,6 +116,7 @@ class Recompute:
     nbytes: int
     distance: int | None = None
     strategy: str = ""
+    gates: tuple[Gate, ...] = ()
 
     @property
     def output(self) -> str:
@@ -119,6 +146,10 @@ class RecomputePlan:
         return sum(len(r.clones) for r in self.recomputes)
 
     @property
+    def n_gates(self) -> int:
+        return sum(len(r.gates) for r in self.recomputes)
+
+    @property
     def recomputed_bytes(self) -> int:
         """Bytes of the recomputed tensors at the traced batch (each tensor once)."""
         sizes = {r.tensor: r.nbytes for r in self.recomputes}
@@ -128,7 +159,8 @@ class RecomputePlan:
         """The same chains without trigger edges (a pinned schedule places them); `note` joins each strategy."""
         return dataclasses.replace(self, recomputes=tuple(
             dataclasses.replace(r, trigger=None, distance=None, strategy=f"{r.strategy}{note}",
-                                clones=tuple(dataclasses.replace(c, control_inputs=()) for c in r.clones))
+                                clones=tuple(dataclasses.replace(c, control_inputs=()) for c in r.clones),
+                                gates=tuple(dataclasses.replace(g, control_inputs=()) for g in r.gates))
             for r in self.recomputes))
 
     def summary(self) -> dict[str, Any]:
@@ -138,6 +170,7 @@ class RecomputePlan:
             "recomputed_bytes": self.recomputed_bytes,
             "recomputed": [{"tensor": r.tensor, "bytes": r.nbytes, "consumers": list(r.consumers),
                             "clones": [c.name for c in r.clones], "ops": [c.op for c in r.clones],
+                            "gates": [g.name for g in r.gates],
                             "sources": list(r.sources), "trigger": r.trigger, "distance": r.distance,
                             "strategy": r.strategy} for r in self.recomputes],
             "skipped": [{"tensor": k.tensor, "reason": k.reason} for k in self.skipped],
@@ -178,6 +211,17 @@ class RecomputePlan:
                     raise PlanError(f"{where}: {c!r} is rerouted twice")
                 rerouted.add((c, r.tensor))
             made: dict[str, str] = {}  # original tensor -> clone copy, within this chain
+            gated: dict[str, str] = {}  # source -> its gate's output
+            for gate in r.gates:
+                if gate.name in names:
+                    raise PlanError(f"{where}: op name {gate.name!r} already in use")
+                names.add(gate.name)
+                if gate.tensor not in graph.tensors:
+                    raise PlanError(f"{where}: gate {gate.name} passes unknown tensor {gate.tensor!r}")
+                for c in gate.control_inputs:
+                    if c not in graph.ops:
+                        raise PlanError(f"{where}: {gate.name} waits for unknown op {c!r}")
+                gated[gate.tensor] = gate.output
             for clone in r.clones:
                 if clone.name in names:
                     raise PlanError(f"{where}: op name {clone.name!r} already in use")
@@ -192,7 +236,7 @@ class RecomputePlan:
                     raise PlanError(f"{where}: {clone.name} has {len(clone.inputs)} inputs, {op.name!r} has "
                                     f"{len(op.inputs)}")
                 for original, got in zip(op.inputs, clone.inputs):
-                    if got != original and made.get(original) != got:
+                    if got != original and made.get(original) != got and gated.get(original) != got:
                         raise PlanError(f"{where}: {clone.name} reads {got!r} for {original!r}")
                 for c in clone.control_inputs:
                     if c not in graph.ops:
@@ -229,6 +273,14 @@ class RecomputePlan:
         for r in self.recomputes:
             first = min(r.consumers, key=levels.__getitem__)
             grad_of = graph.ops[first].grad_of
+            for gate in r.gates:
+                spec = graph.tensors[gate.tensor]
+                before.setdefault(first, []).append(
+                    Op(name=gate.name, type=GATE_TYPE, role=Role.BACKWARD, inputs=(gate.tensor,),
+                       control_inputs=gate.control_inputs, outputs=(gate.output,), grad_of=grad_of,
+                       device=graph.producer(gate.tensor).device))
+                tensors.append(Tensor(gate.output, dtype=spec.dtype, shape=spec.shape, fixed_bytes=spec.fixed_bytes,
+                                      per_sample_bytes=spec.per_sample_bytes))
             for clone in r.clones:
                 op = graph.ops[clone.op]
                 outputs = tuple(clone.output(t) for t in op.outputs)

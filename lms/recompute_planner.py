@@ -24,8 +24,9 @@ the ``incl_*``/``excl_*`` filters apply) the planners choose one of three:
 Clones: one chain per recomputed tensor serves all its backward readers (a
 ReLU output is read by the next convolution's filter gradient and, ~13 levels
 later on ResNet-50, by its own ``ReluGrad``: a chain per reader would double
-the recompute work for little memory). The chain's first clones get a control
-edge from a trigger: the backward op nearest before the first reader, found
+the recompute work for little memory). The chain's first clones read their
+sources through gates (`lms.recompute.Gate`) that get a control edge from a
+trigger: the backward op nearest before the first reader, found
 from the reader's other inputs (its incoming gradient: the clones run right
 before it), else like a swap-in's trigger with ``lb=1`` (recomputing earlier
 only holds the copy longer: it overlaps nothing), anchored like one
@@ -44,6 +45,7 @@ mask or output): those tensors are kept or swapped, never recomputed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from .anchor import anchored_trigger
@@ -51,7 +53,7 @@ from .config import LMSConfig
 from .graph import Graph, Role
 from .optypes import RANDOM_TYPES, RECOMPUTABLE_TYPES, never_recomputed
 from .plan import Skip
-from .recompute import Clone, Recompute, RecomputePlan, recompute_op_name
+from .recompute import Clone, Gate, Recompute, RecomputePlan, recompute_op_name
 
 __all__ = ["plan_recompute", "MAX_CHAIN_OPS", "TINY_SOURCE_BYTES"]
 
@@ -215,21 +217,34 @@ def _recompute(graph: Graph, tensor: str, consumers: tuple[str, ...], chain: lis
     made: dict[str, str] = {}
     clones: list[Clone] = []
     sources: list[str] = []
+    gates: dict[str, Gate] = {}
     for name in chain:
         op = graph.ops[name]
         clone_name = recompute_op_name(tensor, group, name)
+        root = not any(u in made for u in op.inputs)
         inputs = []
         for u in op.inputs:
             if u in made:
                 inputs.append(made[u])
+                continue
+            sources.append(u)
+            if root and graph.producer(u).type not in _RESIDENT_TYPES:  # a root waits for the trigger
+                if u not in gates:
+                    gate_name = recompute_op_name(tensor, group, f"gate/{u.replace(':', '_')}")
+                    gates[u] = Gate(gate_name, u, (trigger,) if trigger else ())
+                inputs.append(gates[u].output)
             else:
                 inputs.append(u)
-                sources.append(u)
-        root = not any(u in made for u in op.inputs)
-        clone = Clone(clone_name, name, tuple(inputs), (trigger,) if root and trigger else ())
+        clone = Clone(clone_name, name, tuple(inputs))
         clones.append(clone)
         for t in op.outputs:
             made[t] = clone.output(t)
+    if not gates:  # every root reads constants only: gate the first one so the chain still waits
+        u = next(u for c in clones for u in c.inputs if u in sources)
+        gate = Gate(recompute_op_name(tensor, group, f"gate/{u.replace(':', '_')}"), u, (trigger,) if trigger else ())
+        gates[u] = gate
+        clones = [dataclasses.replace(c, inputs=tuple(gate.output if x == u and c is clones[0] else x
+                                                      for x in c.inputs)) for c in clones]
     return Recompute(tensor=tensor, consumers=consumers, clones=tuple(clones),
                      sources=tuple(dict.fromkeys(sources)), trigger=trigger, nbytes=graph.tensor_bytes(tensor),
-                     distance=distance, strategy=strategy)
+                     distance=distance, strategy=strategy, gates=tuple(gates.values()))

@@ -25,7 +25,7 @@ from tensorflow.python.eager import record
 
 from ..anchor import REWRITABLE_TYPES, anchor_triggers  # noqa: F401  (re-exported)
 from ..plan import Swap, SwapIn, SwapPlan
-from ..recompute import RecomputePlan
+from ..recompute import GATE_TYPE, RecomputePlan
 from .emulate import emulated_swap_in, emulated_swap_out
 
 __all__ = ["apply_plan", "anchor_triggers", "AppliedPlan", "SWAP_OPS", "HOST_DEVICE", "REWRITABLE_TYPES",
@@ -51,7 +51,7 @@ class AppliedPlan:
         rerouted_inputs: consumer inputs now reading a swap-in.
         triggers: control edges added (trigger op -> swap-in op).
         swap_ops: ``"device"`` or ``"emulated"``.
-        clones: the inserted recompute clones (``lms/recompute/...``), in plan order.
+        clones: the inserted recompute ops (``lms/recompute/...``: gates and clones), in plan order.
     """
 
     swap_outs: tuple[str, ...]
@@ -147,20 +147,22 @@ def _insert_clones(graph: tf.Graph, recompute: RecomputePlan) -> tuple[list[str]
     For a tensor ``t`` rebuilt by the chain ``(m) -> (a) -> (r)`` from the source ``b``::
 
         (m) -> (a) -> (r) -> t -> (bwd)        (m) -> (a) -> (r) -> t
-        b --^                                  b -> [clone m] -> [clone a] -> [clone r] -> t' -> (bwd)
-                                                        ^
-                                        (trigger) ......+  control edge
+        b --^                                  b -> [gate] -> [clone m] -> [clone a] -> [clone r] -> t' -> (bwd)
+                                                     ^
+                                     (trigger) ......+  control edge
 
-    A clone is the original's op type with its attributes and device, created with
-    no control inputs but the trigger, outside any name scope. It is *not* marked
+    A gate is an ``Identity`` marked ``_grappler_do_not_remove``; it is where the
+    trigger's control edge goes. A clone is the original's op type with its
+    attributes and device, created with no control inputs, outside any name scope,
+    reading gates or other clones where the original read the sources. It is *not* marked
     ``_grappler_do_not_remove``: Grappler must rewrite a chain of clones exactly as
     it rewrites the original chain (its arithmetic optimizer turns
     ``(mul_1 + sub) + shortcut`` into one ``AddN``; a protected clone chain would
     add in another order and differ in the last bit). Common-subexpression
     elimination cannot merge a clone back into its original: the chain's first
-    clone waits for its trigger (a control input the original lacks) and the
-    others read clones. `lms.tf.apply.clone_op_names` of `optimized_graph_def`
-    shows which survived.
+    clones read gates, the others read clones. `lms.tf.apply.clone_op_names` of `optimized_graph_def`
+    shows which survived. A clone with a control input is rewritten differently
+    too (a tanh-GELU's ``Pow(x, 3)``): hence the gates.
 
     Returns:
         (clone names, inputs rerouted, trigger edges added).
@@ -169,6 +171,21 @@ def _insert_clones(graph: tf.Graph, recompute: RecomputePlan) -> tuple[list[str]
     rerouted = triggers = 0
     for r in recompute.recomputes:
         made: dict[str, tf.Tensor] = {}
+        for gate in r.gates:
+            _check_free_name(graph, gate.name)
+            source = _tensor(graph, gate.tensor)
+            with graph.name_scope(None), graph.control_dependencies(None), graph.colocate_with(
+                    None, ignore_existing=True), graph.device(source.op.device):
+                op = graph._create_op_internal(GATE_TYPE, [source], [source.dtype], name=gate.name,  # noqa: SLF001
+                                               attrs={"T": attr_value_pb2.AttrValue(type=source.dtype.as_datatype_enum)})
+            if op.name != gate.name:
+                raise ValueError(f"gate op was named {op.name!r}, expected {gate.name!r}")
+            _protect(op)  # Grappler's dependency optimizer would bypass an identity
+            for c in gate.control_inputs:
+                op._add_control_input(_op(graph, c, what=f"trigger of {gate.name}"))  # noqa: SLF001
+                triggers += 1
+            made[gate.output] = op.outputs[0]
+            names.append(op.name)
         for clone in r.clones:
             original = _op(graph, clone.op, what=f"forward op recomputed for {r.tensor}")
             _check_free_name(graph, clone.name)
