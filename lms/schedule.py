@@ -507,6 +507,10 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
         "post_order": _post_order(m),
         "creation": [m.index[n] for n in g.topological_order],
     }
+    from .sim.order import executed_order  # TF's own orders compete too: the pass never does worse
+
+    for kind in ("executor", "single_threaded"):
+        candidates[f"tf_{kind}"] = [m.index[n] for n in executed_order(g, kind)]
     peaks: dict[str, int] = {}
     for name, order in candidates.items():
         if name.startswith("list"):
