@@ -19,11 +19,12 @@ from lms.tf.apply import executed_graph_defs  # noqa: E402
 from lms.tf.pin import pinned_edges_survived  # noqa: E402
 from tests.tf.conftest import assert_bitwise  # noqa: E402
 
-# Known and open (issue 14): with pins applied, mlp's loss differs by 1 ulp under most pinned configs
-# (the edges and _grappler_do_not_remove marks change which Grappler rewrites apply, as the swap triggers
-# did before lms.anchor), and one case aborted the TF process. Skipped until fixed, not deleted: these
-# are the checks the pinning must pass.
-pytestmark = [pytest.mark.tf, pytest.mark.skip(reason="pinned orders are not yet bitwise equal (issue 14)")]
+# Two mechanisms broke this before pins were kept to `lms.anchor.pinnable_ops`: a control edge or a
+# _grappler_do_not_remove mark on an op of a Grappler rewrite (remapper's MatMul/Conv2D+BiasAdd+activation
+# fusion, the arithmetic optimizer on BatchNorm's Mul/AddV2) stops the rewrite, so the pinned step ran other
+# kernels (mlp's loss 1 ulp off); and oneDNN's layout pass merged Conv2DBackpropFilter with its BiasAddGrad
+# sibling across a pinned path ("69 nodes in a cycle", cnn_bn).
+pytestmark = [pytest.mark.tf]
 
 PIN_CONFIGS = {
     "memory-no-swaps": LMSConfig(n_tensors=0, schedule="memory"),
@@ -43,7 +44,8 @@ def test_pinned_orders_train_bitwise_identically(cases, model, config_name, emul
     step = lms.function(case.step_fn(), config=config, emulate=emulate)
     assert_bitwise(case.baseline, case.run(step))
     sched = schedule_ops(step.graph, step.plan)
-    assert sched.edges, "the config pins something"
+    # mlp at batch 6: no pinnable op touches 4 KiB (its MatMuls are fused or Grappler-rewritable)
+    assert sched.edges or model == "mlp", "the config pins something"
 
 
 @pytest.mark.parametrize("config_name", ["memory-all-swapped", "tf-serialization"])
