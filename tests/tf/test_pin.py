@@ -16,7 +16,7 @@ import lms  # noqa: E402
 from lms import LMSConfig  # noqa: E402
 from lms.schedule import schedule_ops  # noqa: E402
 from lms.tf.apply import executed_graph_defs  # noqa: E402
-from lms.tf.pin import pinned_edges_survived  # noqa: E402
+from lms.tf.pin import apply_schedule, pinned_edges_survived  # noqa: E402
 from tests.tf.conftest import assert_bitwise  # noqa: E402
 
 # Two mechanisms broke this before pins were kept to `lms.anchor.pinnable_ops`: a control edge or a
@@ -56,3 +56,18 @@ def test_pinned_edges_survive_grappler(cases, config_name):
     case.reset()
     edges = schedule_ops(step.graph, step.plan).edges
     assert edges and pinned_edges_survived(executed, edges) == []
+
+
+def test_apply_schedule_refuses_a_cycle_or_an_unknown_op_and_adds_nothing():
+    graph = tf.Graph()
+    with graph.as_default():
+        a = tf.constant(1.0, name="a")
+        b = tf.math.square(a, name="b")
+        tf.math.square(b, name="c")
+    with pytest.raises(ValueError, match="cycle in the traced graph through"):
+        apply_schedule(graph, [("b", "c"), ("c", "a")])
+    with pytest.raises(ValueError, match="not in the graph being traced"):
+        apply_schedule(graph, [("a", "inside_a_loop_body")])
+    assert all(not op.control_inputs for op in graph.get_operations())
+    assert apply_schedule(graph, [("a", "c")]).edges == (("a", "c"),)
+    assert [op.name for op in graph.get_operation_by_name("c").control_inputs] == ["a"]
