@@ -146,7 +146,7 @@ class Schedule:
                 "batch": self.batch, "serialized_levels": list(self.serialized_levels),
                 "schedule_s": round(self.schedule_s, 4)}
 
-    def validate(self, graph: Graph) -> None:
+    def validate(self, graph: Graph, *, pinnable: frozenset[str] | None = None) -> None:
         """Check against the rewritten graph (`rewrite_graph(graph, plan)`, before pinning).
 
         Checks: every edge names known ops; the graph plus every edge is acyclic;
@@ -161,7 +161,7 @@ class Schedule:
             for name in (a, b):
                 if name not in graph.ops:
                     raise ScheduleError(f"edge {a!r} -> {b!r}: unknown op {name!r}")
-        pinnable = pinnable_ops(graph)
+        pinnable = pinnable_ops(graph) if pinnable is None else pinnable
         for a, b in self.pins:
             for name in (a, b):
                 if name not in pinnable:
@@ -586,7 +586,7 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
     if config.schedule == "tf":
         sched = Schedule(kind="tf", constraints=constraints, pins=anchored, dropped=dropped, batch=batch,
                          serialized_levels=levels, schedule_s=time.perf_counter() - t0)
-        sched.validate(rewritten)
+        sched.validate(rewritten, pinnable=pinnable)
         return sched
     from .sim.order import executed_order  # lms.sim imports this module lazily: no cycle
     from .sim.shapes import complete_sizes
@@ -607,13 +607,15 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
         name: _chain_pins(g, m, order, pinnable) for name, order in candidates.items()}
     pins_of["tf"] = ()  # TF's own order, nothing pinned: the pass never does worse than without it
     candidates["tf"] = [m.index[n] for n in executed_order(g, "single_threaded")]
-    peaks = {name: _executed_peak(g, m, pins) for name, pins in pins_of.items()}
+    scored: dict[tuple[tuple[str, str], ...], int] = {}  # candidates often pin alike: score each pin set once
+    peaks = {name: scored.setdefault(pins, _executed_peak(g, m, pins)) if pins not in scored else scored[pins]
+             for name, pins in pins_of.items()}
     chosen = min(peaks, key=lambda k: (peaks[k], list(candidates).index(k)))
     order = candidates[chosen]
     sched = Schedule(kind="memory", order=tuple(m.names[i] for i in order), constraints=constraints,
                      pins=tuple(dict.fromkeys(anchored + pins_of[chosen])), dropped=dropped, candidates=peaks,
                      chosen=chosen, batch=batch, serialized_levels=levels, schedule_s=time.perf_counter() - t0)
-    sched.validate(rewritten)
+    sched.validate(rewritten, pinnable=pinnable)
     log.debug("schedule %s: %s of %s, %d pins, %.3f s", graph.name, chosen, peaks, len(sched.pins),
               sched.schedule_s)
     return sched
