@@ -72,7 +72,7 @@ from .graph import SHAPE_ONLY_TYPES, Graph, GraphError, Op, Role
 from .plan import HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
 
 __all__ = ["Schedule", "ScheduleError", "schedule_ops", "pin_graph", "order_peak", "ordering_edges",
-           "anchor_edges", "merge_edges", "PIN_MIN_BYTES", "EXECUTOR_KINDS"]
+           "anchor_edges", "merge_edges", "scoring_batch", "PIN_MIN_BYTES", "EXECUTOR_KINDS"]
 
 log = logging.getLogger(__name__)
 
@@ -567,7 +567,8 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
         graph: the training graph model, before swap ops.
         plan: its swap plan (``None``: no swaps).
         config: the knobs (default: the plan's config, else `LMSConfig()`).
-        batch: batch the liveness model sizes tensors at (default: the graph's).
+        batch: batch the liveness model sizes tensors at (default: the graph's),
+            raised to `scoring_batch` where resident bytes would hide the order.
 
     Returns:
         A `Schedule` over ``rewrite_graph(graph, plan)``; validated.
@@ -594,8 +595,9 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
     # The order respects every edge of the graph as built, identities included (pins that relied on
     # Grappler bypassing an identity -- Keras passes all gradients through one -- would close a cycle),
     # the anchored constraints, and oneDNN's merges.
-    g = pin_graph(rewritten, anchored + merge_edges(rewritten))
-    m = _model(complete_sizes(g), batch)
+    g = complete_sizes(pin_graph(rewritten, anchored + merge_edges(rewritten)))
+    batch = max(batch, scoring_batch(g))
+    m = _model(g, batch)
     lead = 0 if config.sync_mode in (2, 3) else config.lb - 1
     candidates: dict[str, list[int]] = {
         "list_lifo": _place_swap_ins(m, _list_schedule(m, lifo=True), lead),
@@ -622,6 +624,23 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
 
 
 EXECUTOR_KINDS = ("executor", "single_threaded")
+# Score orders at a batch where per-sample tensors hold at least this many times the fixed bytes.
+_PER_SAMPLE_DOMINANCE = 4
+_MAX_SCORING_BATCH = 4096
+
+
+def scoring_batch(graph: Graph) -> int:
+    """The smallest batch at which the per-sample tensors hold `_PER_SAMPLE_DOMINANCE` times the fixed ones.
+
+    At the batch a step is traced at (often 1 or 2) the weights and optimizer
+    slots can outweigh the activations, and every order then peaks alike; the
+    order matters at the batches LMS is for, so candidates are compared there.
+    """
+    fixed = sum(t.fixed_bytes for t in graph.tensors.values())
+    per_sample = sum(t.per_sample_bytes for t in graph.tensors.values())
+    if per_sample <= 0:
+        return 1
+    return int(min(_MAX_SCORING_BATCH, max(1, -(-_PER_SAMPLE_DOMINANCE * fixed // per_sample))))
 
 
 def _executed_peak(g: Graph, m: _Model, pins: tuple[tuple[str, str], ...]) -> int:

@@ -121,7 +121,8 @@ def test_pins_are_few_join_pinnable_ops_and_score_the_order_the_executor_runs(ma
     assert len(sched.pins) < max(len(chained), 1)  # a chain, not a clique
     # the score is the peak of what TF's executor models run with these pins, not of the order asked for
     pinned = pin_graph(rewritten, sched.edges + merge_edges(rewritten))
-    executed = max(order_peak(pinned, executed_order(pinned, kind)) for kind in EXECUTOR_KINDS)
+    executed = max(order_peak(pinned, executed_order(pinned, kind), batch=sched.batch) for kind in EXECUTOR_KINDS)
+    assert sched.batch >= graph.batch_size
     assert executed == sched.candidates[sched.chosen] == min(sched.candidates.values())
     assert sched.candidates[sched.chosen] <= sched.candidates["tf"]
 
