@@ -5,7 +5,7 @@ peak: on Keras 3 ResNet-50 the two branches of a block run their BatchNorm
 backward interleaved and hold both branches' full-size temporaries at once, and
 SGD computes ``momentum * m`` for every variable as soon as the step starts.
 Three kinds of ordering edges, all made here and applied as control edges
-(`lms.tf.pin`, each marked ``_grappler_do_not_remove``):
+(`lms.tf.pin`):
 
 - ``serialization`` / ``serialization_by_size`` (TFLMS v2): the ops of the
   named topological levels of the graph (before swap ops are added) run one
@@ -19,6 +19,19 @@ Three kinds of ordering edges, all made here and applied as control edges
   that allocate or read device memory, only where the graph does not already
   order two neighbours (a transitive reduction along the chain: a few hundred
   edges on ResNet-50, not one per op).
+
+Only *pinnable* ops carry these edges (`lms.anchor.pinnable_ops`): a control
+edge on an op that Grappler's remapper or arithmetic optimizer would rewrite
+(``Conv2D+BiasAdd+Relu`` -> ``_FusedConv2D``, BatchNorm's ``Mul``/``AddV2``)
+stops the rewrite, and the step computes with other kernels (results differ in
+the last bits); one between two ops oneDNN merges closes a cycle. A requested
+edge ``(a) ..> (b)`` whose ends are not pinnable is *anchored*: ``a`` moves to
+its nearest pinnable ancestor, ``b`` to its nearest pinnable descendant (a
+weaker order, never a cycle); with none, it is dropped (`Schedule.dropped`).
+The memory order is pinned through its pinnable ops only; the others run when
+TF's executor reaches them, so each candidate is scored by the peak of the
+order TF's executor models (`lms.sim.order.executed_order`, both kinds) run
+over the graph with its pins, not by the order asked for.
 
 The memory order (anchor: XLA's ``DefaultMemoryScheduler``, which runs a list,
 a DFS and a post-order scheduler and keeps the lowest simulated peak) is the
@@ -53,12 +66,13 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from .anchor import merged_pairs, pinnable_ops
 from .config import LMSConfig, serialization_levels
 from .graph import SHAPE_ONLY_TYPES, Graph, GraphError, Op, Role
 from .plan import HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
 
 __all__ = ["Schedule", "ScheduleError", "schedule_ops", "pin_graph", "order_peak", "ordering_edges",
-           "PIN_MIN_BYTES"]
+           "anchor_edges", "merge_edges", "scoring_batch", "PIN_MIN_BYTES", "EXECUTOR_KINDS"]
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +104,15 @@ class Schedule:
         order: every op of the rewritten graph in the order chosen (``()``
             for ``"tf"``).
         constraints: ordering edges ``(before, after)`` from ``serialization``,
-            ``serialization_by_size`` and ``sync_mode``.
-        pins: the edges that pin `order` (a chain over the ops that allocate or
-            read device memory, minus neighbours the graph already orders).
-        candidates: estimated peak bytes of each candidate order at `batch`.
+            ``serialization_by_size`` and ``sync_mode``, as requested.
+        pins: the edges applied (between pinnable ops only): the constraints
+            anchored, then for ``"memory"`` the chain that pins `order`'s
+            pinnable ops that allocate or read device memory, minus neighbours
+            the graph already orders.
+        dropped: requested constraints no pinnable pair can express.
+        candidates: estimated peak bytes of each candidate order at `batch`, as
+            TF's executor models run it with the candidate's pins (the larger of
+            the ``"executor"`` and ``"single_threaded"`` models).
         chosen: the candidate kept.
         batch: batch the sizes were taken at.
         serialized_levels: the levels ``serialization`` chained.
@@ -104,6 +123,7 @@ class Schedule:
     order: tuple[str, ...] = ()
     constraints: tuple[tuple[str, str], ...] = ()
     pins: tuple[tuple[str, str], ...] = ()
+    dropped: tuple[tuple[str, str], ...] = ()
     candidates: Mapping[str, int] = field(default_factory=dict)
     chosen: str = ""
     batch: int = 1
@@ -112,8 +132,8 @@ class Schedule:
 
     @property
     def edges(self) -> tuple[tuple[str, str], ...]:
-        """Every control edge to add: constraints, then pins."""
-        return self.constraints + self.pins
+        """Every control edge to add (`pins`)."""
+        return self.pins
 
     @property
     def pinned(self) -> bool:
@@ -122,26 +142,33 @@ class Schedule:
     def summary(self) -> dict[str, Any]:
         """JSON-ready description (without the full order)."""
         return {"kind": self.kind, "n_ops": len(self.order), "n_constraints": len(self.constraints),
-                "n_pins": len(self.pins), "candidates": dict(self.candidates), "chosen": self.chosen,
+                "n_pins": len(self.pins), "n_dropped": len(self.dropped), "candidates": dict(self.candidates), "chosen": self.chosen,
                 "batch": self.batch, "serialized_levels": list(self.serialized_levels),
                 "schedule_s": round(self.schedule_s, 4)}
 
-    def validate(self, graph: Graph) -> None:
+    def validate(self, graph: Graph, *, pinnable: frozenset[str] | None = None) -> None:
         """Check against the rewritten graph (`rewrite_graph(graph, plan)`, before pinning).
 
         Checks: every edge names known ops; the graph plus every edge is acyclic;
-        a pinned order is a permutation of the graph's ops, topological for the
-        graph plus `constraints`, and every pin goes forward in it.
+        every pin joins two pinnable ops (`lms.anchor.pinnable_ops`); a pinned
+        order is a permutation of the graph's ops, topological for the graph
+        plus `constraints` and the pins.
 
         Raises:
             ScheduleError: naming the first problem.
         """
-        for a, b in self.edges:
+        for a, b in self.constraints + self.pins:
             for name in (a, b):
                 if name not in graph.ops:
                     raise ScheduleError(f"edge {a!r} -> {b!r}: unknown op {name!r}")
+        pinnable = pinnable_ops(graph) if pinnable is None else pinnable
+        for a, b in self.pins:
+            for name in (a, b):
+                if name not in pinnable:
+                    raise ScheduleError(f"pin {a!r} -> {b!r}: {name!r} ({graph.ops[name].type}) is not pinnable: "
+                                        "a control edge on it would change TF's rewrites")
         try:
-            pinned = pin_graph(graph, self.edges)
+            pinned = pin_graph(graph, self.pins)
             pinned.topological_order
         except GraphError as exc:
             raise ScheduleError(f"the ordering edges make a cycle: {exc}") from None
@@ -151,7 +178,7 @@ class Schedule:
             missing = sorted(set(pinned.ops) - set(self.order))[:3]
             raise ScheduleError(f"order has {len(self.order)} ops, the graph {len(pinned.ops)}; e.g. missing {missing}")
         pos = {n: i for i, n in enumerate(self.order)}
-        for op in pinned.ops.values():
+        for op in pinned.ops.values():  # the order respects the graph and every pin
             for p in pinned.predecessors(op.name):
                 if pos[p] > pos[op.name]:
                     raise ScheduleError(f"order runs {op.name!r} before its input {p!r}")
@@ -224,6 +251,67 @@ def ordering_edges(graph: Graph, rewritten: Graph, config: LMSConfig) -> tuple[t
             if others:
                 edges.append((max(others, key=lambda p: (pinned.levels[p], position[p])), op.name))
     return tuple(dict.fromkeys(edges)), tuple(sorted(levels))
+
+
+def anchor_edges(graph: Graph, edges: Iterable[tuple[str, str]], pinnable: frozenset[str], *,
+                 search_limit: int = 256) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
+    r"""Requested edges as edges between pinnable ops, and the ones that cannot be: ``(anchored, dropped)``.
+
+    ``(a) ..> (b)`` becomes ``(a') ..> (b')``: ``a'`` the nearest pinnable
+    ancestor of ``a`` (the deepest of the nearest), ``b'`` the nearest pinnable
+    descendant of ``b`` (the shallowest)::
+
+        (p) -> (a) -> ...          (p) ..> (d)   a weaker order: p before d
+        (b) -> (d)                 (a, b not pinnable: Conv2D, BatchNorm's Mul)
+
+    ``a'`` precedes ``a`` and ``b'`` follows ``b``, so the anchored edges make a
+    cycle only where the requested ones did. An edge the graph already implies
+    is left out; one without a pinnable end within `search_limit` ops, dropped.
+    """
+    anchored: list[tuple[str, str]] = []
+    dropped: list[tuple[str, str]] = []
+    up: dict[str, str | None] = {}
+    down: dict[str, str | None] = {}
+    for a, b in edges:
+        if a not in up:
+            up[a] = _nearest_pinnable(graph, a, pinnable, upward=True, limit=search_limit)
+        if b not in down:
+            down[b] = _nearest_pinnable(graph, b, pinnable, upward=False, limit=search_limit)
+        src, dst = up[a], down[b]
+        if src is None or dst is None or src == dst:
+            dropped.append((a, b))
+        elif not graph.is_ancestor(src, dst):
+            anchored.append((src, dst))
+    return tuple(dict.fromkeys(anchored)), tuple(dropped)
+
+
+def _nearest_pinnable(graph: Graph, name: str, pinnable: frozenset[str], *, upward: bool, limit: int) -> str | None:
+    if name in pinnable:
+        return name
+    levels = graph.levels
+    seen = {name}
+    layer = [name]
+    while layer and len(seen) < limit:
+        nxt: list[str] = []
+        for n in layer:
+            for m in (graph.predecessors(n) if upward else graph.successors[n]):
+                if m not in seen:
+                    seen.add(m)
+                    nxt.append(m)
+        found = [m for m in nxt if m in pinnable]
+        if found:
+            return max(found, key=levels.__getitem__) if upward else min(found, key=levels.__getitem__)
+        layer = nxt
+    return None
+
+
+def merge_edges(graph: Graph) -> tuple[tuple[str, str], ...]:
+    """Model-only edges for oneDNN's merged pairs (`lms.anchor.merged_pairs`): the merged op runs after
+    every input of both, so ``b`` is ordered after ``a``'s inputs (no pin may then run between them)."""
+    edges = []
+    for a, b in merged_pairs(graph):
+        edges.extend((p, b) for p in graph.predecessors(a) if not graph.is_ancestor(b, p))
+    return tuple(edges)
 
 
 # ---- the liveness model ------------------------------------------------------------------------
@@ -444,8 +532,8 @@ def _place_swap_ins(m: _Model, order: list[int], lead: int) -> list[int]:
 
 # ---- pins --------------------------------------------------------------------------------------
 
-def _chain_pins(g: Graph, m: _Model, order: list[int]) -> tuple[tuple[str, str], ...]:
-    """Edges that pin `order` among the ops that allocate or read >= `PIN_MIN_BYTES`.
+def _chain_pins(g: Graph, m: _Model, order: list[int], pinnable: frozenset[str]) -> tuple[tuple[str, str], ...]:
+    """Edges that pin `order` among its pinnable ops that allocate or read >= `PIN_MIN_BYTES` (and swap ops).
 
     Consecutive chain members ``a, b`` get ``a ..> b`` unless the graph already
     runs ``a`` before ``b``: ``a`` is an input of ``b``, or an input of an input
@@ -454,9 +542,10 @@ def _chain_pins(g: Graph, m: _Model, order: list[int]) -> tuple[tuple[str, str],
     big = m.buf_size >= PIN_MIN_BYTES
     chain = []
     for i in order:
-        if m.types[i] in _ALIAS_TYPES or m.types[i] in SHAPE_ONLY_TYPES or not m.preds[i]:
+        if m.names[i] not in pinnable or not m.preds[i]:
             continue
-        if any(big[b] for b in m.owns[i]) or any(big[b] for b in m.reads[i]):
+        if (m.types[i] in (SWAP_IN_TYPE, SWAP_OUT_TYPE) or any(big[b] for b in m.owns[i])
+                or any(big[b] for b in m.reads[i])):
             chain.append(i)
     member = set(chain)
     pins: list[tuple[str, str]] = []
@@ -478,7 +567,8 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
         graph: the training graph model, before swap ops.
         plan: its swap plan (``None``: no swaps).
         config: the knobs (default: the plan's config, else `LMSConfig()`).
-        batch: batch the liveness model sizes tensors at (default: the graph's).
+        batch: batch the liveness model sizes tensors at (default: the graph's),
+            raised to `scoring_batch` where resident bytes would hide the order.
 
     Returns:
         A `Schedule` over ``rewrite_graph(graph, plan)``; validated.
@@ -489,35 +579,73 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
     batch = graph.batch_size if batch is None else batch
     rewritten = rewrite_graph(graph, plan) if plan is not None and plan.rewrites else graph
     constraints, levels = ordering_edges(graph, rewritten, config)
+    pinnable = pinnable_ops(rewritten)
+    anchored, dropped = anchor_edges(rewritten, constraints, pinnable)
+    if dropped:
+        log.info("schedule %s: %d of %d ordering edges dropped: no op near them can carry a control edge "
+                 "without changing TF's rewrites", graph.name, len(dropped), len(constraints))
     if config.schedule == "tf":
-        sched = Schedule(kind="tf", constraints=constraints, batch=batch, serialized_levels=levels,
-                         schedule_s=time.perf_counter() - t0)
-        sched.validate(rewritten)
+        sched = Schedule(kind="tf", constraints=constraints, pins=anchored, dropped=dropped, batch=batch,
+                         serialized_levels=levels, schedule_s=time.perf_counter() - t0)
+        sched.validate(rewritten, pinnable=pinnable)
         return sched
-    from .sim.shapes import complete_sizes  # lms.sim imports this module lazily: no cycle
+    from .sim.order import executed_order  # lms.sim imports this module lazily: no cycle
+    from .sim.shapes import complete_sizes
 
-    # The order respects every edge of the graph as built, identities included: pins that relied on
-    # Grappler bypassing an identity (Keras passes all gradients through one) would close a cycle.
-    g = pin_graph(rewritten, constraints)
-    m = _model(complete_sizes(g), batch)
+    # The order respects every edge of the graph as built, identities included (pins that relied on
+    # Grappler bypassing an identity -- Keras passes all gradients through one -- would close a cycle),
+    # the anchored constraints, and oneDNN's merges.
+    g = complete_sizes(pin_graph(rewritten, anchored + merge_edges(rewritten)))
+    batch = max(batch, scoring_batch(g))
+    m = _model(g, batch)
     lead = 0 if config.sync_mode in (2, 3) else config.lb - 1
     candidates: dict[str, list[int]] = {
-        "list_lifo": _list_schedule(m, lifo=True),
-        "list_fifo": _list_schedule(m, lifo=False),
+        "list_lifo": _place_swap_ins(m, _list_schedule(m, lifo=True), lead),
+        "list_fifo": _place_swap_ins(m, _list_schedule(m, lifo=False), lead),
         "post_order": _post_order(m),
         "creation": [m.index[n] for n in g.topological_order],
     }
-    peaks: dict[str, int] = {}
-    for name, order in candidates.items():
-        if name.startswith("list"):
-            order = candidates[name] = _place_swap_ins(m, order, lead)
-        peaks[name] = _peak(m, order)
+    pins_of: dict[str, tuple[tuple[str, str], ...]] = {
+        name: _chain_pins(g, m, order, pinnable) for name, order in candidates.items()}
+    pins_of["tf"] = ()  # TF's own order, nothing pinned: the pass never does worse than without it
+    candidates["tf"] = [m.index[n] for n in executed_order(g, "single_threaded")]
+    scored: dict[tuple[tuple[str, str], ...], int] = {}  # candidates often pin alike: score each pin set once
+    peaks = {name: scored.setdefault(pins, _executed_peak(g, m, pins)) if pins not in scored else scored[pins]
+             for name, pins in pins_of.items()}
     chosen = min(peaks, key=lambda k: (peaks[k], list(candidates).index(k)))
     order = candidates[chosen]
-    pins = _chain_pins(g, m, order)
-    sched = Schedule(kind="memory", order=tuple(m.names[i] for i in order), constraints=constraints, pins=pins,
-                     candidates=peaks, chosen=chosen, batch=batch, serialized_levels=levels,
-                     schedule_s=time.perf_counter() - t0)
-    sched.validate(rewritten)
-    log.debug("schedule %s: %s of %s, %d pins, %.3f s", graph.name, chosen, peaks, len(pins), sched.schedule_s)
+    sched = Schedule(kind="memory", order=tuple(m.names[i] for i in order), constraints=constraints,
+                     pins=tuple(dict.fromkeys(anchored + pins_of[chosen])), dropped=dropped, candidates=peaks,
+                     chosen=chosen, batch=batch, serialized_levels=levels, schedule_s=time.perf_counter() - t0)
+    sched.validate(rewritten, pinnable=pinnable)
+    log.debug("schedule %s: %s of %s, %d pins, %.3f s", graph.name, chosen, peaks, len(sched.pins),
+              sched.schedule_s)
     return sched
+
+
+EXECUTOR_KINDS = ("executor", "single_threaded")
+# Score orders at a batch where per-sample tensors hold at least this many times the fixed bytes.
+_PER_SAMPLE_DOMINANCE = 4
+_MAX_SCORING_BATCH = 4096
+
+
+def scoring_batch(graph: Graph) -> int:
+    """The smallest batch at which the per-sample tensors hold `_PER_SAMPLE_DOMINANCE` times the fixed ones.
+
+    At the batch a step is traced at (often 1 or 2) the weights and optimizer
+    slots can outweigh the activations, and every order then peaks alike; the
+    order matters at the batches LMS is for, so candidates are compared there.
+    """
+    fixed = sum(t.fixed_bytes for t in graph.tensors.values())
+    per_sample = sum(t.per_sample_bytes for t in graph.tensors.values())
+    if per_sample <= 0:
+        return 1
+    return int(min(_MAX_SCORING_BATCH, max(1, -(-_PER_SAMPLE_DOMINANCE * fixed // per_sample))))
+
+
+def _executed_peak(g: Graph, m: _Model, pins: tuple[tuple[str, str], ...]) -> int:
+    """The peak of the orders TF's executor models run `g` in with `pins` added (the larger of the two)."""
+    from .sim.order import executed_order
+
+    pinned = pin_graph(g, pins)
+    return max(_peak(m, [m.index[n] for n in executed_order(pinned, kind)]) for kind in EXECUTOR_KINDS)

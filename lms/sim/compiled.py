@@ -191,22 +191,16 @@ def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "e
             slots, constants); ``None``: derived from the graph (each variable's
             largest ``ReadVariableOp`` output, once, plus constants).
         round_to: allocation granularity (TF's BFC allocator: 256 bytes).
-        schedule: a `lms.schedule.Schedule` for (graph, plan): its ordering edges
-            are added as control edges; a pinned order replaces the executor
-            model (``order`` is then ignored), since the pins make it the order
-            that runs.
+        schedule: a `lms.schedule.Schedule` for (graph, plan): its pins are
+            added as control edges (and oneDNN's merged pairs as the schedule
+            models them), and ``order`` runs over that graph: the pins fix the
+            order of the pinnable ops, the executor places the rest.
     """
     g = rewrite_graph(graph, plan) if plan is not None and plan.rewrites else graph
     if schedule is not None and schedule.edges:
-        g = _with_edges(g, schedule.edges)
+        g = _with_edges(g, schedule)
     g = complete_sizes(bypass_identities(g))
-    if schedule is not None and schedule.order:
-        names = tuple(nm for nm in schedule.order if nm in g.ops)
-        if len(names) != len(g.ops):
-            raise ValueError(f"the schedule orders {len(names)} of the graph's {len(g.ops)} ops")
-        order = "pinned"
-    else:
-        names = executed_order(g, order, expensive_op_bytes=expensive_op_bytes)
+    names = executed_order(g, order, expensive_op_bytes=expensive_op_bytes)
     n = len(names)
     ops = [g.ops[nm] for nm in names]
     last_reader = _last_readers(g, names)
@@ -341,10 +335,10 @@ def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "e
     )
 
 
-def _with_edges(g: Graph, edges: Any) -> Graph:
-    from ..schedule import pin_graph  # lms.schedule imports lms.sim.shapes: import here, not at the top
+def _with_edges(g: Graph, schedule: Any) -> Graph:
+    from ..schedule import merge_edges, pin_graph  # lms.schedule imports lms.sim.shapes: import here
 
-    return pin_graph(g, edges)
+    return pin_graph(g, schedule.edges + merge_edges(g))
 
 
 _VARIABLE_UPDATES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})

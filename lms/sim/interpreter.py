@@ -70,8 +70,7 @@ def compiled_for(graph: Graph, plan: SwapPlan | None, *, order: str = "executor"
     temporaries = DEFAULT_TEMPORARIES if temporaries is None else temporaries
     per_graph = _CACHE.setdefault(graph, {})
     pinned = plan is not None and plan.config.pins_order
-    key = ("compiled", plan if plan is not None and (plan.rewrites or pinned) else None,
-           "pinned" if pinned and plan.config.schedule != "tf" else order, expensive_op_bytes,
+    key = ("compiled", plan if plan is not None and (plan.rewrites or pinned) else None, order, expensive_op_bytes,
            id(temporaries), resident_bytes)
     hit = per_graph.get(key)
     if hit is not None and hit[0] is temporaries:

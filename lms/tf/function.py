@@ -187,6 +187,11 @@ class _Rewriter:
         plan.validate(model)
         planned = time.perf_counter()
         applied = apply_plan(graph, plan, swap_ops=self.swap_ops, bandwidth=self.bandwidth, device=self.device)
+        if self.config.pins_order:  # the order chosen over the graph model, pinned by control edges
+            from ..schedule import schedule_ops
+            from .pin import apply_schedule
+
+            apply_schedule(graph, schedule_ops(model, plan).edges)
         done = time.perf_counter()
         summary = LMSSummary.from_plan(plan, swap_ops=self.swap_ops)
         timings = {"extract_s": extracted - start, "plan_s": planned - extracted, "apply_s": done - planned}
@@ -227,7 +232,7 @@ class _Session:
         if tf.executing_eagerly() or not _building_function(graph):
             log.warning("%s: running eagerly; LMS rewrites traced graphs only, nothing swapped", rw.owner)
             return self
-        if not rw.config.enabled:
+        if not rw.config.enabled and not rw.config.pins_order:
             rw.set_disabled(self._args, self._kwargs, graph=graph, batch_hint=self._batch_hint)
             return self
         self._graph = graph
