@@ -27,6 +27,7 @@ CONFIGS = {
     "recompute-only": LMSConfig(n_tensors=0, recompute="cheap"),
     "fused-lb3+recompute": LMSConfig(recompute="cheap", fuse_swapins=True, lb=3),
     "direct_order+types": LMSConfig(recompute=["Mul", "AddV2", "Add", "Relu"], ctrld_strategy="direct_order"),
+    "memory-schedule+recompute": LMSConfig(recompute="cheap", schedule="memory"),
 }
 # models with BatchNorm -> ReLU chains (mlp: Dense -> ReLU has none: its ReLU's input is not saved)
 RECOMPUTING = {"cnn_bn", "residual"}
