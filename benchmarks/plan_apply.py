@@ -44,6 +44,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "all, direct_order, fused, branches": {"n_tensors": -1, "lb": 3, "ctrld_strategy": "direct_order",
                                            "fuse_swapins": True, "swap_branches": True,
                                            "branch_threshold": 20},
+    "all, lb=1, recompute=cheap": {"n_tensors": -1, "lb": 1, "recompute": "cheap"},
+    "all, lb=3, fused, recompute=cheap": {"n_tensors": -1, "lb": 3, "fuse_swapins": True, "recompute": "cheap"},
 }
 
 
@@ -57,7 +59,7 @@ def _build(image_size: int) -> tuple[Any, Any, Any]:
     return model, keras.losses.SparseCategoricalCrossentropy(), optimizer
 
 
-def run(*, image_size: int, batch: int, emulate: bool, repeats: int) -> dict[str, Any]:
+def run(*, image_size: int, batch: int, emulate: bool, repeats: int, only: str = "") -> dict[str, Any]:
     import tensorflow as tf
 
     import lms
@@ -73,6 +75,8 @@ def run(*, image_size: int, batch: int, emulate: bool, repeats: int) -> dict[str
 
     rows = []
     for label, fields in CONFIGS.items():
+        if only and only not in label:
+            continue
         runs = []
         for _ in range(repeats):
             gc.collect()
@@ -91,6 +95,7 @@ def run(*, image_size: int, batch: int, emulate: bool, repeats: int) -> dict[str
             "plan_plus_apply_max_s": max(r["plan_plus_apply_s"] for r in runs), "runs": runs,
             "n_swapped": plan.n_swapped, "n_swap_ins": plan.n_swap_ins,
             "swapped_mib": plan.swapped_bytes / 2**20, "inserted_ops": len(step.applied.inserted_ops),
+            "n_recomputed": plan.n_recomputed, "recomputed_mib": plan.recomputed_bytes / 2**20,
         })
 
     return {
@@ -126,12 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device-swap-ops", action="store_true",
                         help="real (identity) swap ops instead of the emulated ones (default on CPU)")
     parser.add_argument("--quick", action="store_true", help="64x64 inputs (same graph, faster)")
+    parser.add_argument("--only", default="", help="run only the configs whose label contains this text")
     parser.add_argument("--output", type=Path, default=RESULTS, help=f"JSON output (default {RESULTS})")
     args = parser.parse_args(argv)
     from lms.config import atomic_write_text
 
     result = run(image_size=64 if args.quick else args.image_size, batch=args.batch,
-                 emulate=not args.device_swap_ops, repeats=args.repeats)
+                 emulate=not args.device_swap_ops, repeats=args.repeats, only=args.only)
     _print(result)
     atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.output}")

@@ -198,7 +198,12 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
 
 
 def _untriggered(plan: SwapPlan) -> SwapPlan:
-    """Swap-ins and recompute clones without trigger edges: ``schedule="memory"`` places and pins each one.
+    """Swap-ins without trigger edges: ``schedule="memory"`` places and pins each one (`lms.schedule`).
+
+    Recompute gates keep theirs: without one, the schedule would run a chain
+    whose sources are all there (a ``Pad`` of the step's input) early in the
+    forward pass and hold its output (ResNet-50, P100, PREDICTED: batch 856
+    instead of 966).
 
     The trigger found above still decided *whether* a tensor is swapped (a
     backward op ``lb``..``ub`` levels before its readers exists).
@@ -206,8 +211,7 @@ def _untriggered(plan: SwapPlan) -> SwapPlan:
     swaps = tuple(dataclasses.replace(s, swap_ins=tuple(
         dataclasses.replace(i, trigger=None, strategy=f"{i.strategy}, placed by the schedule") for i in s.swap_ins))
         for s in plan.swaps)
-    recompute = plan.recompute.untriggered(", placed by the schedule") if plan.recompute is not None else None
-    return dataclasses.replace(plan, swaps=swaps, recompute=recompute)
+    return dataclasses.replace(plan, swaps=swaps)
 
 
 def _group_consumers(graph: Graph, consumers: list[str], config: LMSConfig, *,

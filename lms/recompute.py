@@ -20,7 +20,6 @@ applied to TensorFlow by `lms.tf.apply.apply_plan`.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -154,14 +153,6 @@ class RecomputePlan:
         """Bytes of the recomputed tensors at the traced batch (each tensor once)."""
         sizes = {r.tensor: r.nbytes for r in self.recomputes}
         return sum(sizes.values())
-
-    def untriggered(self, note: str) -> "RecomputePlan":
-        """The same chains without trigger edges (a pinned schedule places them); `note` joins each strategy."""
-        return dataclasses.replace(self, recomputes=tuple(
-            dataclasses.replace(r, trigger=None, distance=None, strategy=f"{r.strategy}{note}",
-                                clones=tuple(dataclasses.replace(c, control_inputs=()) for c in r.clones),
-                                gates=tuple(dataclasses.replace(g, control_inputs=()) for g in r.gates))
-            for r in self.recomputes))
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready description: counts, bytes, each recomputed tensor with its chain and trigger."""

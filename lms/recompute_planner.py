@@ -31,10 +31,9 @@ from the reader's other inputs (its incoming gradient: the clones run right
 before it), else like a swap-in's trigger with ``lb=1`` (recomputing earlier
 only holds the copy longer: it overlaps nothing), anchored like one
 (`lms.anchor`). The trigger depends on every forward reader of the tensor, so
-the clones run after the originals. With ``schedule="memory"`` `lms.planner.plan_swaps`
-drops the clones' triggers once the swaps are planned (as it does the
-swap-ins'): the memory schedule places the clones (right before their
-readers, as it places swap-ins) and pins them there. The swap planner gives a chain's source one swap-in for the chain
+the clones run after the originals. With ``schedule="memory"`` the gates keep their
+triggers (the swap-ins lose theirs): the schedule places each chain after
+its trigger and pins its gates. The swap planner gives a chain's source one swap-in for the chain
 and the source's other backward readers close after it
 (`lms.planner.RECOMPUTE_SHARE_LEVELS`), so its bytes cross the link once.
 
