@@ -20,6 +20,10 @@ RECOMPUTABLE_TYPES = frozenset({
     # binary elementwise (broadcasting by small per-channel tensors: BatchNorm's normalisation)
     "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum",
     "SquaredDifference", "Pow", "BiasAdd",
+    # masks: logical and comparison ops, selects, fills of a shape (a causal attention mask is
+    # LogicalAnd(Fill(Shape(scores), true), band): rebuilt from a shape and a fixed-size band)
+    "LogicalAnd", "LogicalOr", "LogicalNot", "Equal", "NotEqual", "Greater", "GreaterEqual", "Less",
+    "LessEqual", "Select", "SelectV2", "Fill", "ZerosLike", "OnesLike",
     # layout / views
     "Pad", "PadV2", "MirrorPad", "Reshape", "Squeeze", "ExpandDims", "Identity", "Transpose",
 })

@@ -59,8 +59,9 @@ __all__ = ["plan_recompute", "MAX_CHAIN_OPS", "TINY_SOURCE_BYTES"]
 log = logging.getLogger(__name__)
 
 MAX_CHAIN_OPS = 8
-# A source that does not grow with the batch and is at most this big is held for free.
-TINY_SOURCE_BYTES = 1 << 20
+# A source that does not grow with the batch and is at most this big is held for free (a
+# causal attention band of 2048^2 booleans is 4 MiB; the mask rebuilt from it, 48 MiB per sample).
+TINY_SOURCE_BYTES = 16 << 20
 _INPUT_TYPES = frozenset({"Placeholder", "PlaceholderWithDefault", "_Arg"})
 _RESIDENT_TYPES = frozenset({"Const", "HostConst"})
 

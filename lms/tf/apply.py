@@ -1,4 +1,4 @@
-"""Apply a finished `SwapPlan` to a TensorFlow graph: insert swap ops, reroute, add triggers.
+"""Apply a finished `SwapPlan` to a TensorFlow graph: clone recomputed chains, insert swap ops, reroute, add triggers.
 
 This is the only place that edits a TensorFlow graph. What to swap and when was
 decided elsewhere (`lms.planner.plan_swaps` over the framework-free graph
@@ -7,6 +7,11 @@ model); this module does exactly what the plan says::
     (fwd_op) -> t -> [lms/swap_out/t @host] -> [lms/swap_in/t_i @device] -> (bwd_op)
                                                    ^
                                    (trigger) ......+  control edge
+
+With ``plan.recompute``, recomputed chains are cloned into the backward pass
+first (`_insert_clones`), so the swaps can serve the clones::
+
+    (b) -> [lms/recompute/t_0/gate/b] -> [lms/recompute/t_0/<op>] ... -> t' -> (bwd_op)
 
 Edit the graph while it is being built (inside the traced Python function,
 before TensorFlow turns it into a function): `lms.function` and `lms.LMSModel`
