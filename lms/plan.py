@@ -176,7 +176,7 @@ class SwapPlan:
             PlanError: naming the swap and the problem.
         """
         if self.recompute is not None:
-            graph = self.recompute.validate(graph)
+            graph = self.recompute.validate(graph, lint=False)  # linted below, with the swaps
         names: set[str] = set(graph.ops)
         for s in self.swaps:
             if s.tensor not in graph.tensors:
