@@ -72,7 +72,7 @@ from .graph import SHAPE_ONLY_TYPES, Graph, GraphError, Op, Role
 from .plan import HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
 
 __all__ = ["Schedule", "ScheduleError", "schedule_ops", "pin_graph", "order_peak", "ordering_edges",
-           "anchor_edges", "merge_edges", "scoring_batch", "PIN_MIN_BYTES", "EXECUTOR_KINDS"]
+           "anchor_edges", "merge_edges", "resource_edges", "resource_order_edges", "scoring_batch", "PIN_MIN_BYTES", "EXECUTOR_KINDS"]
 
 log = logging.getLogger(__name__)
 
@@ -303,6 +303,46 @@ def _nearest_pinnable(graph: Graph, name: str, pinnable: frozenset[str], *, upwa
             return max(found, key=levels.__getitem__) if upward else min(found, key=levels.__getitem__)
         layer = nxt
     return None
+
+
+# Ops that only read a resource (a variable): they may run in any order among themselves.
+RESOURCE_READ_TYPES = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape"})
+
+
+def resource_order_edges(accesses: Iterable[tuple[str, str, bool]]) -> tuple[tuple[str, str], ...]:
+    """Program-order edges between ops that use one resource, as TF's automatic control dependencies add them.
+
+    Args:
+        accesses: ``(op, resource, writes)`` in program (creation) order.
+
+    Returns:
+        ``(a, b)`` edges: each write after the reads and the write before it,
+        each read after the last write before it. tf.function adds these when the
+        traced function returns -- after LMS has rewritten it -- so an order that
+        read a variable after its update would be a cycle there (and wrong).
+    """
+    last_write: dict[str, str] = {}
+    reads: dict[str, list[str]] = {}
+    edges: list[tuple[str, str]] = []
+    for op, resource, writes in accesses:
+        if writes:
+            prior = reads.pop(resource, [])
+            edges.extend((r, op) for r in prior if r != op)
+            if not prior and resource in last_write and last_write[resource] != op:
+                edges.append((last_write[resource], op))
+            last_write[resource] = op
+        else:
+            if resource in last_write and last_write[resource] != op:
+                edges.append((last_write[resource], op))
+            reads.setdefault(resource, []).append(op)
+    return tuple(dict.fromkeys(edges))
+
+
+def resource_edges(graph: Graph) -> tuple[tuple[str, str], ...]:
+    """`resource_order_edges` of a graph model: its ``resource`` tensors, their readers in creation order."""
+    accesses = [(op.name, t, op.type not in RESOURCE_READ_TYPES) for op in graph.ops.values() for t in op.inputs
+                if graph.tensors[t].dtype == "resource"]
+    return tuple((a, b) for a, b in resource_order_edges(accesses) if not graph.is_ancestor(b, a))
 
 
 def merge_edges(graph: Graph) -> tuple[tuple[str, str], ...]:
@@ -594,8 +634,8 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
 
     # The order respects every edge of the graph as built, identities included (pins that relied on
     # Grappler bypassing an identity -- Keras passes all gradients through one -- would close a cycle),
-    # the anchored constraints, and oneDNN's merges.
-    g = complete_sizes(pin_graph(rewritten, anchored + merge_edges(rewritten)))
+    # the anchored constraints, oneDNN's merges, and the variable reads and writes in program order.
+    g = complete_sizes(pin_graph(rewritten, anchored + merge_edges(rewritten) + resource_edges(rewritten)))
     batch = max(batch, scoring_batch(g))
     m = _model(g, batch)
     lead = 0 if config.sync_mode in (2, 3) else config.lb - 1

@@ -9,6 +9,7 @@ from lms.graph import GraphBuilder, Role
 from lms.plan import SWAP_IN_TYPE, SWAP_OUT_TYPE, rewrite_graph
 from lms.anchor import merged_pairs, pinnable_ops
 from lms.schedule import (EXECUTOR_KINDS, Schedule, ScheduleError, anchor_edges, merge_edges, order_peak, pin_graph,
+                          resource_edges, resource_order_edges,
                           schedule_ops)
 from lms.sim.interpreter import compiled_for
 from lms.sim.order import executed_order
@@ -281,3 +282,32 @@ def test_validate_rejects_orders_that_break_a_dependency_or_miss_ops():
         Schedule(kind="tf", pins=(("f0", "gradient_tape/f1/Grad"),)).validate(graph)
     with pytest.raises(ScheduleError, match="unknown op"):
         Schedule(kind="tf", constraints=(("nope", "f0"),)).validate(graph)
+
+
+def test_resource_order_edges_keep_reads_and_writes_in_program_order():
+    accesses = [("r1", "v", False), ("r2", "v", False), ("w1", "v", True), ("r3", "v", False), ("w2", "v", True),
+                ("w3", "v", True), ("q", "u", False)]
+    assert resource_order_edges(accesses) == (("r1", "w1"), ("r2", "w1"), ("w1", "r3"), ("r3", "w2"), ("w2", "w3"))
+
+
+def test_memory_schedule_never_reads_a_variable_after_its_update():
+    """A late read of a variable would lower the peak (its consumer is small and late), but tf.function's
+    automatic control dependencies order the read before the update: the schedule must too."""
+    b = GraphBuilder(batch_size=4, name="late_read")
+    b.op("x", "Placeholder", per_sample_bytes=MiB)
+    b.op("v", "Placeholder", shape=(), dtype="resource", n_outputs=1)
+    b.op("w", "ReadVariableOp", "v:0", fixed_bytes=4 * MiB)
+    b.op("h", "Relu", "x:0", per_sample_bytes=MiB)
+    b.op("pos", "Slice", "w:0", fixed_bytes=4 * MiB)  # read early by creation, consumed only at the end
+    b.op("loss", "Sum", "h:0", shape=(), fixed_bytes=4)
+    b.op("gradient_tape/h/ReluGrad", "ReluGrad", "loss:0", "h:0", role=Role.BACKWARD, grad_of="h",
+         per_sample_bytes=MiB)
+    b.op("sgd/Assign", "AssignSubVariableOp", "v:0", "gradient_tape/h/ReluGrad:0", role=Role.OTHER, n_outputs=0)
+    b.op("out", "AddV2", "pos:0", "loss:0", role=Role.OTHER, fixed_bytes=4)
+    graph = b.build()
+    assert resource_edges(graph) == (("w", "sgd/Assign"),)
+    sched = schedule_ops(graph, None, config=LMSConfig(n_tensors=0, schedule="memory"))
+    pos = {n: i for i, n in enumerate(sched.order)}
+    assert pos["w"] < pos["sgd/Assign"]
+    pinned = pin_graph(graph, sched.edges + resource_edges(graph))
+    pinned.topological_order  # acyclic with the edges tf.function adds

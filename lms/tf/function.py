@@ -187,6 +187,7 @@ class _Rewriter:
         plan.validate(model)
         planned = time.perf_counter()
         applied = apply_plan(graph, plan, swap_ops=self.swap_ops, bandwidth=self.bandwidth, device=self.device)
+        swapped = time.perf_counter()
         if self.config.pins_order:  # the order chosen over the graph model, pinned by control edges
             from ..schedule import schedule_ops
             from .pin import apply_schedule
@@ -194,7 +195,8 @@ class _Rewriter:
             apply_schedule(graph, schedule_ops(model, plan).edges)
         done = time.perf_counter()
         summary = LMSSummary.from_plan(plan, swap_ops=self.swap_ops)
-        timings = {"extract_s": extracted - start, "plan_s": planned - extracted, "apply_s": done - planned}
+        timings = {"extract_s": extracted - start, "plan_s": planned - extracted, "apply_s": swapped - planned,
+                   "schedule_s": done - swapped}
         with self._lock:
             self.last = _Trace(model, plan, applied, summary, timings)
         log.info("LMS: swapped %d tensors (%.1f MiB at batch %d) of %d candidates with %d swap-ins "

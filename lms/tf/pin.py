@@ -17,9 +17,10 @@ emulated swap-in goes to every op of that swap-in without an input inside it
 
 Before adding anything the edges are checked against the graph being traced:
 every op must be in it (not inside a ``tf.while_loop`` or ``tf.cond`` body:
-those are other functions) and the graph plus the edges must stay acyclic
-(TF's automatic control dependencies, added while tracing, are edges the
-graph model may not have seen).
+those are other functions) and the graph plus the edges must stay acyclic,
+counting the edges tf.function's automatic control dependencies will add when
+the traced function returns (variable reads and writes in program order,
+`lms.schedule.resource_order_edges`).
 """
 
 from __future__ import annotations
@@ -85,8 +86,19 @@ def apply_schedule(graph: tf.Graph, edges: Iterable[tuple[str, str]]) -> PinnedS
     return PinnedSchedule(tuple(edges))
 
 
+def _resource_edges(graph: tf.Graph) -> list[tuple[tf.Operation, tf.Operation]]:
+    """The edges automatic control dependencies will add between ops that use one resource."""
+    from ..schedule import RESOURCE_READ_TYPES, resource_order_edges
+
+    accesses = [(op.name, t.name, op.type not in RESOURCE_READ_TYPES) for op in graph.get_operations()
+                for t in op.inputs if t.dtype == tf.resource]
+    return [(graph.get_operation_by_name(a), graph.get_operation_by_name(b)) for a, b in resource_order_edges(accesses)]
+
+
 def _cycle_with(graph: tf.Graph, extra: list[tuple[tf.Operation, tf.Operation]]) -> list[str]:
-    """Op names along a cycle of `graph` plus the `extra` edges ``(src, dst)``; empty if acyclic."""
+    """Op names along a cycle of `graph` plus the `extra` edges ``(src, dst)`` and the resource-order edges
+    tf.function will add; empty if acyclic."""
+    extra = extra + _resource_edges(graph)
     ops = graph.get_operations()
     index = {op.name: i for i, op in enumerate(ops)}
     succs: list[list[int]] = [[] for _ in ops]
