@@ -201,3 +201,26 @@ def test_validate_rejects_a_clone_of_a_random_op():
                                       Clone("lms/recompute/d/cast", "block0/dropout/Cast", ("lms/recompute/d/ge:0",))))
     with pytest.raises(PlanError, match="random or stateful"):
         RecomputePlan(recomputes=(bad,)).validate(g)
+
+
+@pytest.mark.parametrize("blocks", [2, 5])
+def test_the_memory_schedule_orders_the_clones_like_any_other_op(blocks):
+    from lms.schedule import schedule_ops
+
+    g = bn_relu_blocks(blocks)
+    config = LMSConfig(recompute="cheap", schedule="memory")
+    plan = plan_swaps(g, config)
+    rewritten = plan.validate(g)
+    schedule = schedule_ops(g, plan)
+    position = {name: i for i, name in enumerate(schedule.order)}
+    assert set(position) == set(rewritten.ops)  # clones and gates are in the pinned order
+    pinned = {n for edge in schedule.pins for n in edge}
+    for r in plan.recompute.recomputes:
+        gate = r.gates[0]
+        assert position[r.trigger] < position[gate.name] < position[r.clones[0].name]
+        assert position[r.clones[-1].name] < min(position[c] for c in r.consumers)
+        assert gate.name in pinned  # the gate carries the pin in TF, not the clones
+        assert not pinned & {c.name for c in r.clones}
+    # and the simulator runs that order
+    result = simulate(g, plan, batch=8, timeline=False)
+    assert result.peak_device_bytes > 0
