@@ -13,7 +13,8 @@ plus GPT-2 small at a long sequence as a row of our own:
   machine; A100-40GB on PCIe 4.0, with the budget still 16 GiB so the rows
   compare), the simulator (`lms.simulator.max_batch`, no TensorFlow) finds the
   largest batch without LMS and for each config of a small grid (n_tensors, lb,
-  fuse_swapins, ctrld_strategy, swap_branches/branch_threshold); the tuned
+  fuse_swapins, ctrld_strategy, swap_branches/branch_threshold, schedule="memory"
+  with and without sync_mode 1); the tuned
   config is the one with the largest batch, then the highest throughput;
 - throughput is the simulator's roofline step time at that batch (swaps on two
   copy engines over the profile's link).
@@ -196,6 +197,7 @@ class DeviceOutcome:
     lms_infinite_link_batch: int = 0
     without_branches_infinite_link_batch: int = 0
     bfc: Mapping[str, Any] | None = None
+    levers: Mapping[str, Any] | None = None
     label: str = LABEL
 
 
@@ -259,7 +261,10 @@ def config_grid(n_candidates: int, *, n_tensors: Sequence[int] | None = None,
     direct = [LMSConfig(n_tensors=n, lb=lb, ctrld_strategy="direct_order") for n, lb in itertools.product(ns, (1, 5))]
     branches = [LMSConfig(n_tensors=-1, lb=lb, fuse_swapins=fuse, swap_branches=True, branch_threshold=t)
                 for lb, fuse, t in itertools.product((1, 3, 5), (False, True), branch_thresholds)]
-    return tuple(dict.fromkeys(chain + direct + branches))
+    # the step's order chosen for memory and pinned (lms.schedule): swap-ins placed lb-1 ops early
+    memory = [LMSConfig(n_tensors=n, lb=lb, schedule="memory") for n, lb in itertools.product(ns, (1, 3, 8))]
+    memory += [LMSConfig(n_tensors=-1, lb=1, schedule="memory", sync_mode=1)]
+    return tuple(dict.fromkeys(chain + direct + branches + memory))
 
 
 def _outcome(graph: Graph, plan: SwapPlan | None, budget: int, device: Any, config: Mapping[str, Any]) -> ConfigOutcome:
@@ -272,6 +277,27 @@ def _outcome(graph: Graph, plan: SwapPlan | None, budget: int, device: Any, conf
         return ConfigOutcome(dict(config), 0, one.peak_device_bytes, 0.0, one.step_time_s,
                              plan.n_swapped if plan is not None else 0, one.peak_op)
     return ConfigOutcome(dict(config), m.batch, m.peak_bytes, m.throughput, m.step_time_s, m.n_swapped, m.peak_op)
+
+
+def _levers(graph: Graph, grid: Sequence[ConfigOutcome], plans: Mapping[LMSConfig, SwapPlan], budget: int,
+            fast: DeviceProfile) -> dict[str, Any]:
+    """What each lever gives: the best config with TF's order, with the memory schedule (and sync_mode 1),
+    and the best memory-scheduled config again with an infinitely fast link (all PREDICTED)."""
+    def best(pred: Any) -> ConfigOutcome | None:
+        chosen = [o for o in grid if pred(o.config)]
+        return pick_tuned(chosen) if chosen else None
+
+    out: dict[str, Any] = {}
+    for key, pred in (("tf_order", lambda c: c.get("schedule", "tf") == "tf"),
+                      ("memory_schedule", lambda c: c.get("schedule") == "memory" and not c.get("sync_mode")),
+                      ("memory_schedule_sync_mode_1", lambda c: c.get("schedule") == "memory" and c.get("sync_mode") == 1)):
+        o = best(pred)
+        if o is not None:
+            out[key] = {"batch": o.batch, "throughput": round(o.throughput, 2), "config": fmt_config(o.config)}
+    o = best(lambda c: c.get("schedule") == "memory")
+    if o is not None and o.batch:
+        out["memory_schedule_infinite_link"] = _outcome(graph, plans[o.lms_config], budget, fast, o.config).batch
+    return out
 
 
 def evaluate_row(graph: Graph, spec: RowSpec, *, devices: Sequence[str | DeviceProfile] = DEVICES, budget_bytes: int,
@@ -313,6 +339,7 @@ def evaluate_row(graph: Graph, spec: RowSpec, *, devices: Sequence[str | DeviceP
         infinite = _outcome(graph, plan, budget_bytes, fast, best.config).batch
         infinite_plain = infinite if plain is best else \
             _outcome(graph, plans[plain.lms_config], budget_bytes, fast, plain.config).batch
+        levers = _levers(graph, grid, plans, budget_bytes, fast)
         bfc = None
         if bfc_device is not None and p.name == bfc_device:
             bfc = {"no_lms": bfc_adjusted_batch(graph, None, base.batch, budget_bytes, device=p),
@@ -322,7 +349,8 @@ def evaluate_row(graph: Graph, spec: RowSpec, *, devices: Sequence[str | DeviceP
             ratio=ratio(best.batch, base.batch), throughput_cost=throughput_cost(best.throughput, base.throughput),
             no_lms_throughput_at_lms_batch=same_batch,
             swap_overhead=throughput_cost(best.throughput, same_batch) if best.batch else None,
-            lms_infinite_link_batch=infinite, without_branches_infinite_link_batch=infinite_plain, bfc=bfc))
+            lms_infinite_link_batch=infinite, without_branches_infinite_link_batch=infinite_plain, bfc=bfc,
+            levers=levers))
     return RowResult(
         key=spec.key, title=spec.title,
         workload=dict(workload or {"name": spec.workload, "options": dict(spec.options)}),
@@ -358,7 +386,7 @@ def fmt_batch(o: ConfigOutcome) -> str:
 
 def fmt_config(config: Mapping[str, Any]) -> str:
     if not config.get("n_tensors"):
-        return "LMS off"
+        return "LMS off" + (f", schedule={config['schedule']}" if config.get("schedule", "tf") != "tf" else "")
     parts = [f"n_tensors={config['n_tensors']}", f"lb={config['lb']}"]
     if config.get("fuse_swapins"):
         parts.append("fuse")
@@ -366,6 +394,10 @@ def fmt_config(config: Mapping[str, Any]) -> str:
         parts.append(str(config.get("ctrld_strategy")))
     if config.get("swap_branches"):
         parts.append(f"branches@{config['branch_threshold']}")
+    if config.get("schedule", "tf") != "tf":
+        parts.append(f"schedule={config['schedule']}")
+    if config.get("sync_mode"):
+        parts.append(f"sync_mode={config['sync_mode']}")
     return ", ".join(parts)
 
 
@@ -428,6 +460,18 @@ def limits_row(row: RowResult, device: str) -> list[str]:
                     f"`{dev.lms.peak_op}`"]
 
 
+def _lever_cells(dev: DeviceOutcome) -> list[str]:
+    lv = dev.levers or {}
+
+    def cell(key: str) -> str:
+        v = lv.get(key)
+        return "-" if v is None else f"{v['batch']} ({fmt_rate(v['throughput'])}/s)"
+
+    inf = lv.get("memory_schedule_infinite_link")
+    return [cell("tf_order"), cell("memory_schedule"), cell("memory_schedule_sync_mode_1"),
+            "-" if inf is None else str(inf)]
+
+
 def markdown(doc: Mapping[str, Any], rows: Sequence[RowResult]) -> str:
     """The report: every heading and every table header says PREDICTED."""
     budget = doc["budget_bytes"] / GiB
@@ -474,6 +518,16 @@ def markdown(doc: Mapping[str, Any], rows: Sequence[RowResult]) -> str:
               "copy finished, and when the forward pass produces activations faster than the link drains them "
               "the copies pile up. Branch swap-ins make forward ops wait for copies, which paces the forward pass.",
               ""]
+    lines += [f"## What each lever gives ({LABEL}, max batch (samples/s) at {budget:.0f} GiB)", "",
+              *_table(("workload", "device profile", f"TF's order, best config ({LABEL})",
+                       f"schedule=memory ({LABEL})", f"schedule=memory + sync_mode=1 ({LABEL})",
+                       f"schedule=memory, infinitely fast link ({LABEL})"),
+                      ([r.key if d is r.devices[0] else "", d.device, *_lever_cells(d)] for r in rows for d in r.devices),
+                      ("---", "---", "---:", "---:", "---:", "---:")),
+              "",
+              "schedule=memory: the step's order chosen by `lms.schedule` (one branch's backward at a time, weight "
+              "gradients as soon as their inputs exist, swap-ins just in time) and pinned by control edges.",
+              ""]
     lines += [f"## Workloads and assumptions (inputs of the {LABEL} figures)", ""]
     for r in rows:
         opts = ", ".join(f"{k}={v}" for k, v in r.workload.get("options", {}).items())
@@ -500,7 +554,8 @@ def markdown(doc: Mapping[str, Any], rows: Sequence[RowResult]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-_CONFIG_KEYS = ("n_tensors", "lb", "fuse_swapins", "ctrld_strategy", "swap_branches", "branch_threshold")
+_CONFIG_KEYS = ("n_tensors", "lb", "fuse_swapins", "ctrld_strategy", "swap_branches", "branch_threshold",
+                "schedule", "sync_mode")
 
 
 def _compact(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,9 +7,11 @@ after the step's Python code has built the graph, LMS times its three phases
 
 - extract: `lms.tf.extract.extract_graph` (TF graph -> graph model),
 - plan: `lms.plan_swaps` + `lms.tf.apply.anchor_triggers` + `SwapPlan.validate`,
-- apply: `lms.tf.apply.apply_plan` (insert swap ops, reroute, add triggers).
+- apply: `lms.tf.apply.apply_plan` (insert swap ops, reroute, add triggers),
+- schedule: for configs that pin an order (``schedule="memory"``, ``sync_mode``,
+  ``serialization``): `lms.schedule.schedule_ops` + `lms.tf.pin.apply_schedule`.
 
-Target: plan + apply <= 1 s. A plain ``tf.function`` trace of the same step
+Target: plan + apply + schedule <= 1 s. A plain ``tf.function`` trace of the same step
 is timed too (the first trace, which LMS adds its phases to).
 
     .venv/bin/python benchmarks/plan_apply.py            # ResNet-50, 224x224, batch 8
@@ -44,6 +46,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "all, direct_order, fused, branches": {"n_tensors": -1, "lb": 3, "ctrld_strategy": "direct_order",
                                            "fuse_swapins": True, "swap_branches": True,
                                            "branch_threshold": 20},
+    "all, lb=1, recompute=cheap": {"n_tensors": -1, "lb": 1, "recompute": "cheap"},
+    "all, lb=3, fused, recompute=cheap": {"n_tensors": -1, "lb": 3, "fuse_swapins": True, "recompute": "cheap"},
+    "all, lb=3, schedule=memory": {"n_tensors": -1, "lb": 3, "schedule": "memory"},
+    "all, lb=3, schedule=memory, sync_mode=3": {"n_tensors": -1, "lb": 3, "schedule": "memory", "sync_mode": 3},
 }
 
 
@@ -57,7 +63,8 @@ def _build(image_size: int) -> tuple[Any, Any, Any]:
     return model, keras.losses.SparseCategoricalCrossentropy(), optimizer
 
 
-def run(*, image_size: int, batch: int, emulate: bool, repeats: int) -> dict[str, Any]:
+def run(*, image_size: int, batch: int, emulate: bool, repeats: int,
+        configs: list[str] | None = None) -> dict[str, Any]:
     import tensorflow as tf
 
     import lms
@@ -73,6 +80,8 @@ def run(*, image_size: int, batch: int, emulate: bool, repeats: int) -> dict[str
 
     rows = []
     for label, fields in CONFIGS.items():
+        if configs is not None and label not in configs:
+            continue
         runs = []
         for _ in range(repeats):
             gc.collect()
@@ -82,7 +91,8 @@ def run(*, image_size: int, batch: int, emulate: bool, repeats: int) -> dict[str
             step.get_concrete_function(x_spec, y_spec)
             runs.append({**step.timings, "trace_s": time.perf_counter() - start})
         for r in runs:
-            r["plan_plus_apply_s"] = r["plan_s"] + r["apply_s"]
+            r.setdefault("schedule_s", 0.0)
+            r["plan_plus_apply_s"] = r["plan_s"] + r["apply_s"] + r["schedule_s"]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         plan = step.plan
         rows.append({
@@ -91,6 +101,7 @@ def run(*, image_size: int, batch: int, emulate: bool, repeats: int) -> dict[str
             "plan_plus_apply_max_s": max(r["plan_plus_apply_s"] for r in runs), "runs": runs,
             "n_swapped": plan.n_swapped, "n_swap_ins": plan.n_swap_ins,
             "swapped_mib": plan.swapped_bytes / 2**20, "inserted_ops": len(step.applied.inserted_ops),
+            "n_recomputed": plan.n_recomputed, "recomputed_mib": plan.recomputed_bytes / 2**20,
         })
 
     return {
@@ -108,12 +119,13 @@ def _print(result: dict[str, Any]) -> None:
           f"{result['n_ops']} ops before LMS, {result['swap_ops']} swap ops; "
           f"plain tf.function trace {result['plain_trace_s']:.1f} s")
     print(f"medians of {result['repeats']} traces per config")
-    print(f"{'config':36s} {'swapped':>7s} {'MiB':>6s} {'ops':>5s} {'extract':>8s} {'plan':>7s} {'apply':>7s} "
-          f"{'plan+apply':>10s} {'(min-max)':>11s} {'trace':>7s}")
+    print(f"{'config':42s} {'swapped':>7s} {'MiB':>6s} {'ops':>5s} {'extract':>8s} {'plan':>7s} {'apply':>7s} "
+          f"{'schedule':>8s} {'plan+apply':>10s} {'(min-max)':>11s} {'trace':>7s}")
     for r in result["configs"]:
         ok = "ok" if r["plan_plus_apply_s"] <= TARGET_S else "OVER TARGET"
-        print(f"{r['config']:36s} {r['n_swapped']:7d} {r['swapped_mib']:6.0f} {r['inserted_ops']:5d} "
-              f"{r['extract_s']:7.2f}s {r['plan_s']:6.2f}s {r['apply_s']:6.2f}s {r['plan_plus_apply_s']:9.2f}s "
+        print(f"{r['config']:42s} {r['n_swapped']:7d} {r['swapped_mib']:6.0f} {r['inserted_ops']:5d} "
+              f"{r['extract_s']:7.2f}s {r['plan_s']:6.2f}s {r['apply_s']:6.2f}s {r['schedule_s']:7.2f}s "
+              f"{r['plan_plus_apply_s']:9.2f}s "
               f"({r['plan_plus_apply_min_s']:.2f}-{r['plan_plus_apply_max_s']:.2f}) {r['trace_s']:6.1f}s  {ok}")
 
 
@@ -127,11 +139,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="real (identity) swap ops instead of the emulated ones (default on CPU)")
     parser.add_argument("--quick", action="store_true", help="64x64 inputs (same graph, faster)")
     parser.add_argument("--output", type=Path, default=RESULTS, help=f"JSON output (default {RESULTS})")
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS), metavar="CONFIG",
+                        help="configs to time (default: all)")
     args = parser.parse_args(argv)
     from lms.config import atomic_write_text
 
     result = run(image_size=64 if args.quick else args.image_size, batch=args.batch,
-                 emulate=not args.device_swap_ops, repeats=args.repeats)
+                 emulate=not args.device_swap_ops, repeats=args.repeats, configs=args.configs)
     _print(result)
     atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.output}")

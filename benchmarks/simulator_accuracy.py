@@ -30,6 +30,12 @@ cached constants, allocator state), which the graph does not show.
 
     .venv/bin/python benchmarks/simulator_accuracy.py            # all cases
     .venv/bin/python benchmarks/simulator_accuracy.py --quick    # small models only
+    .venv/bin/python benchmarks/simulator_accuracy.py --schedule-rows [--quick]
+
+``--schedule-rows`` measures only the same cases with the order pinned
+(``schedule="memory"``; the no-swap cases as ``n_tensors=0``), single-threaded
+executor, target 5% for every case, and adds them to the JSON under
+``schedule_memory`` (the other rows are kept as they are).
 
 Writes benchmarks/results/simulator_accuracy.json and prints a table plus the
 simulator's own speed on ResNet-50 (one simulation, one max_batch search).
@@ -87,6 +93,7 @@ SWAP_CASES: list[tuple[str, dict[str, Any], int, dict[str, Any]]] = [
     ("residual", {"image_size": 64, "filters": 32, "n_blocks": 4}, 16, {"n_tensors": -1, "lb": 3, "fuse_swapins": True}),
 ]
 QUICK_MODELS = ("mlp", "cnn_bn", "residual")
+SCHEDULE_TARGET = 0.05
 # TF executor a measurement runs under (measure_step(executor=...)) -> the simulator's order model
 ORDER_FOR = {"default": "executor", "single_threaded": "single_threaded"}
 
@@ -151,6 +158,40 @@ def swap_code_version() -> str:
     for rel in SWAP_CODE:
         h.update((ROOT / rel).read_bytes())
     return h.hexdigest()[:10]
+
+
+# ... and a measurement with the order pinned, per version of that code plus the scheduling pass.
+SCHEDULE_CODE = SWAP_CODE + ("lms/schedule.py", "lms/anchor.py", "lms/tf/pin.py", "lms/tf/function.py")
+
+
+def schedule_code_version() -> str:
+    h = hashlib.sha1()
+    for rel in SCHEDULE_CODE:
+        h.update((ROOT / rel).read_bytes())
+    return h.hexdigest()[:10]
+
+
+def schedule_specs(repeats: int) -> list[dict[str, Any]]:
+    """The accuracy cases again with ``schedule="memory"`` (no-swap cases: ``n_tensors=0``)."""
+    code = schedule_code_version()
+    configs = [(m, o, b, {"n_tensors": 0, "schedule": "memory"}) for m, o, batches in NO_SWAP_CASES for b in batches]
+    configs += [(m, o, b, {**c, "schedule": "memory"}) for m, o, b, c in SWAP_CASES]
+    return [{"model": m, "options": o, "batch": b, "config": c, "inter_op": 1, "code": code, "repeat": i,
+             "executor": "single_threaded"} for m, o, b, c in configs for i in range(repeats)]
+
+
+def summarise_schedule(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts within `SCHEDULE_TARGET` for the pinned-order rows, no-swap and swap apart."""
+    out: dict[str, Any] = {"target": SCHEDULE_TARGET}
+    for kind, cases in (("no_swap", [r for r in rows if not r["n_swapped"]]), ("swap", [r for r in rows if r["n_swapped"]])):
+        out[f"{kind}_cases"] = len(cases)
+        for variant in ("bfc", "bfc_on_start", "simulated"):
+            errors = [abs(r[f"{variant}_error"]) for r in cases]
+            out[f"{kind}_{variant}_within_target"] = sum(e <= SCHEDULE_TARGET for e in errors)
+            out[f"{kind}_{variant}_max_abs_error"] = max(errors, default=None)
+        spreads = [r["measured_spread"] for r in cases if len(r["measured_peaks"]) > 1]
+        out[f"{kind}_max_measured_spread"] = max(spreads, default=None)
+    return out
 
 
 def measure(spec: dict[str, Any], cache: Path, *, remeasure: bool, timeout: float) -> dict[str, Any] | None:
@@ -331,12 +372,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--st-repeats", type=int, default=3,
                         help="measurements (processes) per case under the single-threaded executor")
     parser.add_argument("--measure-only", action="store_true", help="measure (fill the cache) and stop")
+    parser.add_argument("--schedule-rows", action="store_true",
+                        help="only the cases with schedule='memory'; added to the JSON under 'schedule_memory'")
     parser.add_argument("--child", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         child(json.loads(args.child[0]), Path(args.child[1]))
         return 0
 
+    if args.schedule_rows:
+        return _schedule_rows(args)
     # repeats of a no-swap case: the first has no "repeat" key (measurements cached before repeats existed)
     specs = [{"model": m, "options": o, "batch": b, "config": None, "inter_op": 1, **({"repeat": i} if i else {})}
              for m, o, batches in NO_SWAP_CASES for b in batches for i in range(args.repeats)]
@@ -383,6 +428,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _schedule_rows(args: argparse.Namespace) -> int:
+    specs = schedule_specs(args.st_repeats)
+    if args.quick:
+        specs = [s for s in specs if s["model"] in QUICK_MODELS]
+    records = [r for r in (measure(s, args.cache, remeasure=args.remeasure, timeout=args.timeout)
+                           for s in specs) if r is not None]
+    rows = [compare(group, load_graph(args.cache, group[0])) for group in group_repeats(records)]
+    summary = summarise_schedule(rows)
+    doc = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    doc["schedule_memory"] = {
+        "setup": "the cases above with schedule='memory' (no-swap cases: n_tensors=0), TF's single-threaded "
+                 f"executor, {args.st_repeats} processes each, compared against their median; "
+                 f"scheduling code {schedule_code_version()}" + ("; small models only (--quick)" if args.quick else ""),
+        "summary": summary, "rows": rows}
+    atomic_write_text(args.out, json.dumps(doc, indent=1) + "\n")
+    _print_table(rows, {}, {})
+    s = summary
+    for kind in ("no_swap", "swap"):
+        print(f"schedule=memory, {kind}: BFC replay {s[f'{kind}_bfc_within_target']}/{s[f'{kind}_cases']} within "
+              f"{100 * SCHEDULE_TARGET:.0f}% (max |error| {100 * (s[f'{kind}_bfc_max_abs_error'] or 0):.1f}%), on the "
+              f"measured start {s[f'{kind}_bfc_on_start_within_target']}, live bytes "
+              f"{s[f'{kind}_simulated_within_target']}; measured spread up to "
+              f"{100 * (s[f'{kind}_max_measured_spread'] or 0):.1f}%")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
 def _print_table(rows: list[dict[str, Any]], summary: dict[str, Any], timing: dict[str, Any]) -> None:
     head = (f"{'model':<9} {'batch':>5} {'exec':>4} {'config':<40} {'measured':>9} {'BFC sim':>9} {'error':>7} "
             f"{'on start':>8} {'live sim':>9} {'error':>7} {'fifo':>7} {'no temp':>7} {'spread':>7} {'n':>2}  "
@@ -399,6 +471,8 @@ def _print_table(rows: list[dict[str, Any]], summary: dict[str, Any], timing: di
               f"{100 * r['fifo_error']:>+6.1f}% {100 * r['liveness_error']:>+6.1f}% {100 * r['measured_spread']:>6.1f}% "
               f"{len(r['measured_peaks']):>2}  {r['peak_op'][-50:]}")
     s = summary
+    if not s:
+        return
     print("\nexec: ST = TF's single-threaded executor (the targets), 1thr = default executor with one inter-op "
           "thread, def = default threading")
     for label, what in (("", "ST executor"), ("default_executor_", "default executor, 1 thread")):

@@ -14,6 +14,8 @@ from .config import LMSConfig
 from .graph import Graph, GraphBuilder, GraphError, Op, Role, Tensor
 from .plan import PlanError, Skip, Swap, SwapIn, SwapPlan, rewrite_graph
 from .planner import find_candidates, plan_swaps
+from .recompute import Clone, Recompute, RecomputePlan
+from .recompute_planner import plan_recompute
 
 __version__ = "0.1.0"
 
@@ -34,7 +36,8 @@ _LAZY = {
 __all__ = [
     "LMSConfig", "Graph", "GraphBuilder", "GraphError", "Op", "Role", "Tensor",
     "PlanError", "Skip", "Swap", "SwapIn", "SwapPlan", "rewrite_graph",
-    "find_candidates", "plan_swaps", "__version__", *_LAZY,
+    "find_candidates", "plan_swaps", "Clone", "Recompute", "RecomputePlan", "plan_recompute",
+    "__version__", *_LAZY,
 ]
 
 

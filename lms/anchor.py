@@ -1,8 +1,18 @@
-"""Move swap-in triggers off ops that Grappler may fold into a rewrite. No TensorFlow.
+"""Keep control edges off ops that Grappler or oneDNN may fold into a rewrite. No TensorFlow.
 
-Part of planning (`lms.planner.plan_swaps` calls `anchor_triggers` last), so
-the simulator and the tuner predict with exactly the triggers the TensorFlow
-adapter applies.
+Two users, one concern: a control edge (or a ``_grappler_do_not_remove`` mark)
+on an op changes which rewrites TensorFlow applies to it, so the step would
+compute with other kernels and differ from the step without LMS in the last
+bits -- or, where oneDNN merges two ops that a pinned path connects, not run.
+
+- Swap-in triggers (`anchor_triggers`, called last by `lms.planner.plan_swaps`):
+  a trigger only gets a control *output*; it moves off an op that Grappler may
+  fold as an inner node of a fusion.
+- Ordering pins (`pinnable_ops`, used by `lms.schedule`): a pinned op gets
+  control inputs *and* outputs; only ops no rewrite touches may carry them.
+
+Both are part of planning, so the simulator and the tuner predict with exactly
+the edges the TensorFlow adapter applies.
 """
 
 from __future__ import annotations
@@ -10,9 +20,11 @@ from __future__ import annotations
 import dataclasses
 
 from .graph import Graph, Role
-from .plan import Swap, SwapIn, SwapPlan
+from .plan import SWAP_IN_TYPE, SWAP_OUT_TYPE, Swap, SwapIn, SwapPlan
+from .recompute import GATE_TYPE, RECOMPUTE_PREFIX
 
-__all__ = ["anchor_triggers", "REWRITABLE_TYPES"]
+__all__ = ["anchor_triggers", "anchored_trigger", "pinnable_ops", "merged_pairs", "REWRITABLE_TYPES",
+           "MERGED_SIBLING_TYPES"]
 
 
 # Op types Grappler may fold into a rewrite as an inner node (remapper fusions such as
@@ -27,6 +39,22 @@ REWRITABLE_TYPES = frozenset({
     "FusedBatchNormV3", "Pad", "Reshape", "Transpose", "Squeeze", "ExpandDims", "Identity", "Relu",
     "Relu6", "Elu", "Selu", "LeakyRelu", "Sigmoid", "Tanh", "Softplus", "Softmax", "LogSoftmax",
     "Mean", "Sum",
+})
+
+# oneDNN's graph pass (MklLayoutRewritePass, run when a function is instantiated, after Grappler)
+# merges these sibling pairs -- two ops reading the same tensor -- into one op
+# (_MklConv2DBackpropFilterWithBias). A path between the two through a pin closes a cycle once
+# merged: TF refuses to run the step ("N nodes in a cycle").
+MERGED_SIBLING_TYPES = (("Conv2DBackpropFilter", "BiasAddGrad"), ("Conv3DBackpropFilterV2", "BiasAddGrad"))
+_CONSTANT_TYPES = frozenset({"Const", "HostConst", "Shape", "ShapeN", "Size", "Rank"})
+# Never pinned either: identities and views (Grappler bypasses or removes them), shape reads and
+# resident values (folded into constants), control-flow and stateless sources.
+_UNPINNABLE_TYPES = frozenset({
+    "Identity", "IdentityN", "NoOp", "Const", "HostConst", "Placeholder", "PlaceholderWithDefault", "_Arg",
+    "VarHandleOp", "ReadVariableOp", "Shape", "ShapeN", "Size", "Rank", "VariableShape", "StopGradient",
+    "PreventGradient", "EnsureShape", "CheckNumerics", "CheckNumericsV2", "Bitcast", "Switch", "Merge",
+    "Enter", "Exit", "NextIteration", "LoopCond", "While", "StatelessWhile", "If", "StatelessIf",
+    "PartitionedCall", "StatefulPartitionedCall",
 })
 
 
@@ -90,6 +118,23 @@ def anchor_triggers(graph: Graph, plan: SwapPlan) -> SwapPlan:
     return dataclasses.replace(plan, swaps=tuple(swaps)) if changed else plan
 
 
+def anchored_trigger(graph: Graph, trigger: str, tensor: str, *, backward: bool = True) -> str:
+    """`trigger`, or its anchor when that is safe, for one backward trigger of `tensor`'s readers.
+
+    The rule of `anchor_triggers` for one trigger (used for the recompute
+    planner's clone triggers): the anchor must lie deeper than
+    `Graph.forward_end` and depend on every forward reader of `tensor`.
+    """
+    anchor = _anchor(graph, trigger, graph._position)  # noqa: SLF001
+    if anchor == trigger:
+        return trigger
+    levels = graph.levels
+    if backward and graph.forward_end is not None and levels[anchor] <= levels[graph.forward_end]:
+        return trigger
+    forward = [r for r in graph.data_consumers(tensor) if graph.ops[r].role is Role.FORWARD]
+    return anchor if all(graph.is_ancestor(r, anchor) for r in forward) else trigger
+
+
 def _readers(graph: Graph, op: str) -> int:
     return len({c for t in graph.ops[op].outputs for c in graph.data_consumers(t)})
 
@@ -120,3 +165,72 @@ def _anchor(graph: Graph, trigger: str, position: dict[str, int]) -> str:
             return max(safe, key=lambda p: (graph.levels[p], position[p]))
         layer = parents
     return trigger
+
+
+def _is_gate(op) -> bool:  # noqa: ANN001
+    return op.type == GATE_TYPE and op.name.startswith(RECOMPUTE_PREFIX)
+
+
+def merged_pairs(graph: Graph) -> tuple[tuple[str, str], ...]:
+    """Sibling pairs ``(a, b)`` that oneDNN merges into one op (`MERGED_SIBLING_TYPES`).
+
+    ``a`` and ``b`` read the same tensor (``b`` has no other input); the merged op
+    runs after every input of both.
+    """
+    pairs: list[tuple[str, str]] = []
+    for a_type, b_type in MERGED_SIBLING_TYPES:
+        for op in graph.ops.values():
+            if op.type != b_type or len(op.inputs) != 1:
+                continue
+            mates = [c for c in graph.data_consumers(op.inputs[0]) if graph.ops[c].type == a_type]
+            if mates:
+                pairs.append((mates[0], op.name))
+    return tuple(pairs)
+
+
+def pinnable_ops(graph: Graph) -> frozenset[str]:
+    r"""Ops that may carry an ordering pin (control inputs and outputs) without changing TF's rewrites.
+
+    Grappler's remapper fuses ``Conv2D/MatMul + BiasAdd (+ activation)`` only
+    when no op of the pattern has a control input or output, and never through an
+    op marked ``_grappler_do_not_remove``; its arithmetic optimizer skips nodes
+    driven by or driving control dependencies in most stages. Either way the op
+    runs with another kernel and results differ in the last bits (seen: mlp's
+    loss by 1 ulp once its ``MatMul``/``BiasAdd`` were pinned; a residual block's
+    BatchNorm ``Mul``/``AddV2`` likewise). So an op is pinnable when:
+
+    - it is a swap op LMS inserted or a recompute gate (`lms.recompute.Gate`:
+      a protected identity the clones of a chain wait on), or
+    - its type is not one Grappler rewrites (`REWRITABLE_TYPES`), not an
+      identity, view, shape read, constant, variable read or control-flow op,
+      it has inputs, not all of them computed from constants and shapes
+      (Grappler folds it into a constant), something reads one of its outputs
+      (Grappler prunes dead ops: a pin would keep them alive), and it is not
+      one of a pair oneDNN merges (`merged_pairs`).
+
+    In a training step that leaves the gradient kernels (``Conv2DBackpropInput``,
+    ``ReluGrad``, ``MaxPoolGrad``, ...), the variable updates and the swap ops::
+
+        (Conv2D) -> (BiasAdd) -> (Relu)      none pinnable: one fused kernel
+        (ReluGrad) -> (Conv2DBackpropInput)  pinnable
+    """
+    merged = {n for pair in merged_pairs(graph) for n in pair}
+    static: set[str] = set()  # computed from constants and shapes only: constant folding replaces them
+    for name in graph.topological_order:
+        op = graph.ops[name]
+        if op.type in _CONSTANT_TYPES or (op.inputs and all(graph.producer(t).name in static for t in op.inputs)):
+            static.add(name)
+    out: set[str] = set()
+    for op in graph.ops.values():
+        if op.name in static:
+            continue
+        if op.type in (SWAP_IN_TYPE, SWAP_OUT_TYPE) or _is_gate(op):
+            out.add(op.name)
+            continue
+        if (op.type in REWRITABLE_TYPES or op.type in _UNPINNABLE_TYPES or op.name in merged
+                or not (op.inputs or op.control_inputs)):
+            continue
+        if op.outputs and not any(graph.consumers(t) for t in op.outputs) and not graph.control_outputs(op.name):
+            continue
+        out.add(op.name)
+    return frozenset(out)

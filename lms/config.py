@@ -5,8 +5,13 @@ TFLMS user's settings carry over unchanged.
 
 The file format is plain JSON (never pickle or eval)::
 
-    {"schema": "lms.config", "schema_version": 1,
+    {"schema": "lms.config", "schema_version": 2,
      "config": {"n_tensors": 100, "lb": 5, ...}}
+
+Version 2 added the scheduling knobs (``schedule``, ``serialization``,
+``serialization_by_size``, ``sync_mode``) and ``recompute``; version-1 files
+are still read (their configs get the defaults: TF's executor decides the
+order and nothing is recomputed, as before).
 
 `LMSConfig.load` also reads any document that embeds a config under
 ``"config"`` and whose schema its writer registered (`register_document_schema`),
@@ -27,17 +32,25 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["LMSConfig", "CONFIG_SCHEMA", "SCHEMA_VERSION", "STRATEGIES", "MAX_INT", "knob", "register_document_schema",
-           "atomic_write_text", "atomic_write_bytes"]
+from .optypes import RECOMPUTABLE_TYPES, never_recomputed
+
+__all__ = ["LMSConfig", "CONFIG_SCHEMA", "SCHEMA_VERSION", "READABLE_VERSIONS", "STRATEGIES", "SCHEDULES",
+           "SYNC_MODES", "RECOMPUTE_MODES", "MAX_INT", "knob", "register_document_schema", "atomic_write_text",
+           "atomic_write_bytes"]
 
 CONFIG_SCHEMA = "lms.config"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 STRATEGIES = ("chain_rule", "direct_order")
+SCHEDULES = ("tf", "memory")
+SYNC_MODES = (0, 1, 2, 3)
+RECOMPUTE_MODES = ("none", "cheap")
 #: Integer fields stay below this (a 400-digit count is a typo, and TF's attributes are 32-bit).
 MAX_INT = 2**31
 #: Schemas of documents that embed an LMS config under "config": schema -> the version read.
@@ -126,6 +139,29 @@ class LMSConfig:
             whose name starts with one of these scopes.
         incl_types / excl_types: only / never swap tensors produced by ops of
             these types.
+        schedule: who orders the step's ops: ``"tf"`` (TensorFlow's executor,
+            as without LMS) or ``"memory"`` (`lms.schedule.schedule_ops`: a
+            topological order chosen for the lowest simulated peak, pinned with
+            control edges so that it is the order that runs).
+        serialization: TFLMS v2's option: topological levels whose ops are
+            chained one after another by control edges, each entry a level
+            (``3``) or an inclusive range (``"3:5"``: levels 3, 4 and 5; ``"3:"``
+            to the last level). Empty: off.
+        serialization_by_size: TFLMS v2's option: also serialize every level
+            whose ops' outputs together exceed this many GiB (at the traced
+            batch). ``0``: off.
+        sync_mode: TFLMS v2's option: ``0`` copies overlap compute; ``1``
+            swap-outs are synchronous (the forward op after a swap-out waits
+            until the copy is done); ``2`` swap-ins are synchronous (each is
+            triggered right before its first reader, no prefetch); ``3`` both.
+        recompute: which saved forward tensors the backward pass may rebuild
+            from kept or swapped-in tensors instead of keeping or swapping them
+            (`lms.recompute_planner`): ``"none"`` (default: keep or swap only),
+            ``"cheap"`` (the planner's choice among `lms.optypes.RECOMPUTABLE_TYPES`:
+            elementwise ops, BatchNorm's normalisation, ``BiasAdd``, ``Relu``,
+            ``Cast``, ``Pad``, views), or a list of those op types (only they are
+            cloned). Random and stateful ops are never recomputed. The
+            ``incl_*``/``excl_*`` filters apply to recomputed tensors too.
     """
 
     n_tensors: int = knob(-1, search="candidates", label="n_tensors={value}", show="always")
@@ -140,6 +176,12 @@ class LMSConfig:
     excl_scopes: tuple[str, ...] = knob((), swaps_only=True, column=False)
     incl_types: tuple[str, ...] = knob((), swaps_only=True, column=False)
     excl_types: tuple[str, ...] = knob((), swaps_only=True, column=False)
+    schedule: str = knob("tf", search=SCHEDULES, label="schedule={value}")
+    serialization: tuple[int | str, ...] = knob((), column=False)
+    serialization_by_size: float = knob(0.0, label="serialize>{value}GiB")
+    # Synchronous swap-ins (2, 3) only remove prefetch, so the tuner tries 0 and 1 (paced swap-outs).
+    sync_mode: int = knob(0, search=(0, 1), swaps_only=True, label="sync={value}")
+    recompute: str | tuple[str, ...] = knob("none", search=RECOMPUTE_MODES, label="recompute={value}")
 
     def __post_init__(self) -> None:
         for name in ("n_tensors", "lb", "ub", "branch_threshold"):
@@ -173,11 +215,39 @@ class LMSConfig:
                 + ", ".join(repr(s) for s in STRATEGIES))
         if self.branch_threshold < 0:
             raise ValueError(f"LMSConfig.branch_threshold={self.branch_threshold}: must be >= 0")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"LMSConfig.schedule={self.schedule!r}: allowed values are "
+                             + ", ".join(repr(s) for s in SCHEDULES))
+        if isinstance(self.sync_mode, bool) or self.sync_mode not in SYNC_MODES:
+            raise ValueError(f"LMSConfig.sync_mode={self.sync_mode!r}: allowed values are 0 (off), "
+                             "1 (swap-outs synchronous), 2 (swap-ins synchronous), 3 (both)")
+        size = self.serialization_by_size
+        if isinstance(size, bool) or not isinstance(size, (int, float)) or not size >= 0 or size == float("inf"):
+            raise ValueError(f"LMSConfig.serialization_by_size={size!r}: must be a finite number of GiB >= 0 "
+                             "(0 = off)")
+        object.__setattr__(self, "serialization_by_size", float(size))
+        object.__setattr__(self, "serialization", _serialization(self.serialization))
+        object.__setattr__(self, "recompute", _check_recompute(self.recompute))
 
     @property
     def enabled(self) -> bool:
-        """False when the config swaps nothing (``n_tensors == 0``)."""
-        return self.n_tensors != 0
+        """False when the config swaps nothing (``n_tensors == 0``) and recomputes nothing."""
+        return self.n_tensors != 0 or self.recompute != "none"
+
+    @property
+    def recompute_types(self) -> frozenset[str]:
+        """Op types the recompute planner may clone (empty for ``recompute="none"``)."""
+        if self.recompute == "none":
+            return frozenset()
+        if self.recompute == "cheap":
+            return RECOMPUTABLE_TYPES
+        return frozenset(self.recompute)
+
+    @property
+    def pins_order(self) -> bool:
+        """True when the config adds ordering edges (a memory schedule, serialization, sync_mode)."""
+        return (self.schedule != "tf" or bool(self.serialization) or self.serialization_by_size > 0
+                or self.sync_mode != 0)
 
     def replace(self, **changes: Any) -> "LMSConfig":
         """A copy with some fields changed (validated like a new config)."""
@@ -208,9 +278,22 @@ class LMSConfig:
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             default = known[key].default if known[key].default is not dataclasses.MISSING else ()
+            if key == "recompute":
+                if isinstance(value, list):
+                    value = tuple(value)
+                kwargs[key] = value  # checked by _check_recompute
+                continue
             if isinstance(default, bool):
                 if not isinstance(value, bool):
                     raise ValueError(f"LMS config key {key!r}={value!r}: must be true or false")
+            elif key == "serialization":
+                if not isinstance(value, list):
+                    raise ValueError(f"LMS config key {key!r}={value!r}: must be a list of levels and "
+                                     "'a:b' ranges, e.g. [1, \"3:5\"]")
+                value = tuple(value)
+            elif isinstance(default, float):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"LMS config key {key!r}={value!r}: must be a number")
             elif isinstance(default, int):
                 _check_int(key, value)
             elif isinstance(default, str):
@@ -264,9 +347,10 @@ class LMSConfig:
             known = (CONFIG_SCHEMA, *_DOCUMENT_SCHEMAS)
             raise ValueError(f"key 'schema'={schema!r}: expected one of " + ", ".join(repr(s) for s in known))
         version = doc.get("schema_version")
-        expected = SCHEMA_VERSION if schema == CONFIG_SCHEMA else _DOCUMENT_SCHEMAS[schema]
-        if version != expected:
-            raise ValueError(f"key 'schema_version'={version!r}: this version reads {expected}")
+        readable = READABLE_VERSIONS if schema == CONFIG_SCHEMA else (_DOCUMENT_SCHEMAS[schema],)
+        if isinstance(version, bool) or version not in readable:
+            raise ValueError(f"key 'schema_version'={version!r}: this version reads "
+                             + " and ".join(str(v) for v in readable))
         if schema == CONFIG_SCHEMA:
             extra = sorted(set(doc) - {"schema", "schema_version", "config"})
             if extra:
@@ -297,6 +381,61 @@ def _read_config_text(path: Path) -> str:
     if len(data) > MAX_CONFIG_BYTES:
         raise ValueError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB; not an LMS config file")
     return data.decode("utf-8")
+
+
+def _serialization(value: Any) -> tuple[int | str, ...]:
+    """Check TFLMS v2 ``serialization`` entries: levels (ints >= 0) and ``"a:b"`` / ``"a:"`` ranges."""
+    allowed = "a level (integer >= 0) or a range 'a:b' / 'a:' of levels with 0 <= a <= b"
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+        raise ValueError(f"LMSConfig.serialization={value!r}: must be a list whose entries are each {allowed}, "
+                         "e.g. [1, \"3:5\", 7]")
+    out: list[int | str] = []
+    for item in value:
+        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            out.append(item)
+            continue
+        if isinstance(item, str):
+            m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d*)\s*", item)
+            if m and (not m.group(2) or int(m.group(1)) <= int(m.group(2))):
+                out.append(f"{int(m.group(1))}:{m.group(2) and int(m.group(2))}")
+                continue
+            if re.fullmatch(r"\s*\d+\s*", item):
+                out.append(int(item))
+                continue
+        raise ValueError(f"LMSConfig.serialization contains {item!r}: each entry must be {allowed}")
+    return tuple(out)
+
+
+def serialization_levels(entries: tuple[int | str, ...], n_levels: int) -> tuple[int, ...]:
+    """The levels a ``serialization`` list names, below `n_levels`, ascending."""
+    levels: set[int] = set()
+    for item in entries:
+        if isinstance(item, int):
+            lo = hi = item
+        else:
+            a, b = item.split(":")
+            lo, hi = int(a), (int(b) if b else n_levels - 1)
+        levels.update(range(lo, min(hi, n_levels - 1) + 1))
+    return tuple(sorted(levels))
+def _check_recompute(value: Any) -> str | tuple[str, ...]:
+    """``"none"``, ``"cheap"`` or a tuple of recomputable op types; ValueError naming the field otherwise."""
+    allowed = "'none', 'cheap' or a list of op types, e.g. [\"Relu\", \"BiasAdd\"]"
+    if isinstance(value, str):
+        if value not in RECOMPUTE_MODES:
+            raise ValueError(f"LMSConfig.recompute={value!r}: allowed values are {allowed}")
+        return value
+    if not isinstance(value, (tuple, list)) or not value:
+        raise ValueError(f"LMSConfig.recompute={value!r}: allowed values are {allowed}")
+    for item in value:
+        if not isinstance(item, str) or not item:
+            raise ValueError(f"LMSConfig.recompute contains {item!r}: every entry must be an op type name")
+        if never_recomputed(item):
+            raise ValueError(f"LMSConfig.recompute contains {item!r}: random and stateful ops are never "
+                             "recomputed (the backward pass would draw or read different values)")
+        if item not in RECOMPUTABLE_TYPES:
+            raise ValueError(f"LMSConfig.recompute contains {item!r}: not a cheap op type; allowed: "
+                             + ", ".join(sorted(RECOMPUTABLE_TYPES)))
+    return tuple(dict.fromkeys(value))
 
 
 def _check_int(name: str, value: Any) -> None:

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import LMSConfig
 from .graph import Graph, GraphError, Op, Role, Tensor
+
+if TYPE_CHECKING:
+    from .recompute import RecomputePlan
 
 __all__ = ["SwapIn", "Swap", "Skip", "SwapPlan", "PlanError", "rewrite_graph",
            "SWAP_OUT_TYPE", "SWAP_IN_TYPE", "HOST_DEVICE", "swap_op_name"]
@@ -119,7 +122,12 @@ class Skip:
 
 @dataclass(frozen=True)
 class SwapPlan:
-    """What the planner decided for one graph and config."""
+    """What the planner decided for one graph and config.
+
+    With recomputation (``config.recompute``), `recompute` says which tensors
+    the backward pass rebuilds; the swaps then refer to the graph *with* its
+    clones (``recompute.rewrite(graph)``): a clone may read a swap-in.
+    """
 
     config: LMSConfig
     swaps: tuple[Swap, ...] = ()
@@ -127,6 +135,21 @@ class SwapPlan:
     n_candidates: int = 0
     graph_name: str = ""
     batch_size: int = 1
+    recompute: "RecomputePlan | None" = None
+
+    @property
+    def rewrites(self) -> bool:
+        """True when applying the plan changes the graph (swaps or clones)."""
+        return bool(self.swaps) or bool(self.recompute is not None and self.recompute.recomputes)
+
+    @property
+    def n_recomputed(self) -> int:
+        return self.recompute.n_recomputed if self.recompute is not None else 0
+
+    @property
+    def recomputed_bytes(self) -> int:
+        """Bytes of the recomputed tensors at the traced batch (no longer kept or swapped)."""
+        return self.recompute.recomputed_bytes if self.recompute is not None else 0
 
     @property
     def n_swapped(self) -> int:
@@ -158,19 +181,23 @@ class SwapPlan:
                 for s in self.swaps
             ],
             "skipped": [{"tensor": k.tensor, "reason": k.reason} for k in self.skipped],
+            "recompute": self.recompute.summary() if self.recompute is not None else None,
         }
 
     def validate(self, graph: Graph) -> Graph:
         """Check the plan against `graph`; return the rewritten graph model.
 
-        Checks: every swapped tensor exists; every rerouted consumer really reads
-        it and is rerouted once; every trigger exists, is not the consumer and
-        does not depend on any consumer of its swap-in (else: a cycle); names
-        are unique; and the rewritten graph lints (acyclic).
+        Checks: the recompute plan (`RecomputePlan.validate`), then, against
+        the graph with its clones: every swapped tensor exists; every rerouted
+        consumer really reads it and is rerouted once; every trigger exists, is
+        not the consumer and does not depend on any consumer of its swap-in
+        (else: a cycle); names are unique; and the rewritten graph lints (acyclic).
 
         Raises:
             PlanError: naming the swap and the problem.
         """
+        if self.recompute is not None:
+            graph = self.recompute.validate(graph, lint=False)  # linted below, with the swaps
         names: set[str] = set(graph.ops)
         for s in self.swaps:
             if s.tensor not in graph.tensors:
@@ -199,7 +226,7 @@ class SwapPlan:
                         if si.trigger == c or graph.is_ancestor(c, si.trigger):
                             raise PlanError(
                                 f"{si.name}: trigger {si.trigger!r} runs after consumer {c!r} (cycle)")
-        rewritten = rewrite_graph(graph, self)
+        rewritten = _rewrite_swaps(graph, self)
         try:
             rewritten.lint()
         except GraphError as exc:
@@ -213,7 +240,15 @@ def rewrite_graph(graph: Graph, plan: SwapPlan) -> Graph:
     ``(f) -> t -> (c)`` becomes ``(f) -> t -> [swap_out] -> [swap_in] -> (c)`` with
     ``(trigger) ..> [swap_in]`` as a control edge. Swap-out outputs live on the
     host (`HOST_DEVICE`); swap-ins produce a device copy of the same size.
+    Recompute clones (`plan.recompute`) are added first; the swaps refer to them.
     """
+    if plan.recompute is not None:
+        graph = plan.recompute.rewrite(graph)
+    return _rewrite_swaps(graph, plan)
+
+
+def _rewrite_swaps(graph: Graph, plan: SwapPlan) -> Graph:
+    """The swaps of `plan` on `graph` (which already has the plan's clones)."""
     reroute: dict[str, dict[str, str]] = {}  # consumer -> {old tensor: new tensor}
     new_tensors: list[Tensor] = []
     insert_after: dict[str, list[Op]] = {}

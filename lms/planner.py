@@ -39,6 +39,8 @@ the previous consumer runs, so the copies would coexist anyway).
 
 Last, triggers that Grappler could fold into a fusion are moved to a safe
 ancestor (`lms.anchor.anchor_triggers`): the plan is exactly what is applied.
+With ``schedule="memory"`` the swap-ins keep no trigger: the memory schedule
+(`lms.schedule`) places each one and pins it there.
 
 ``swap_branches``: a forward tensor whose forward readers lie more than
 ``branch_threshold`` levels after its producer (a long skip connection) is also
@@ -49,6 +51,7 @@ swapped out, and those far readers get a swap-in triggered by a forward op
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 from typing import Iterable, Iterator
@@ -57,10 +60,20 @@ from .anchor import anchor_triggers
 from .config import LMSConfig
 from .graph import SHAPE_ONLY_TYPES, Graph, Role
 from .plan import Skip, Swap, SwapIn, SwapPlan, swap_op_name
+from .recompute import RECOMPUTE_PREFIX
 
 __all__ = ["plan_swaps", "find_candidates", "SKIPPED_PRODUCER_TYPES"]
 
 log = logging.getLogger(__name__)
+
+# With ``fuse_swapins``: a tensor that recompute clones read (a chain's source) is read again a
+# few levels later by the gradient of its own consumer (BatchNorm's gradient reads the BiasAdd
+# output the chain rebuilt the ReLU from; 11-17 levels later on ResNet-50): one swap-in serves
+# readers up to this many levels apart, so its bytes cross the link once, not once per reader.
+# It holds the source meanwhile: where a memory schedule runs another branch in between
+# (ResNet-50's shortcut BatchNorm after the main branch) that costs batch size, so it is the
+# tuner's choice through ``fuse_swapins``, not a rule.
+RECOMPUTE_SHARE_LEVELS = 32
 
 # Producers whose outputs TFLMS never swapped: inputs, constants, variable reads,
 # views and cheap fills. Swapping them moves bytes for nothing.
@@ -133,10 +146,22 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
         config: the LMS knobs.
 
     Returns:
-        A `SwapPlan`; empty when ``config.n_tensors == 0``.
+        A `SwapPlan`; empty when ``config.n_tensors == 0`` and ``config.recompute == "none"``.
+        With recomputation, `SwapPlan.recompute` holds the clones
+        (`lms.recompute_planner.plan_recompute`, planned first) and the swaps
+        refer to the graph with the clones.
     """
     if not config.enabled:
         return SwapPlan(config=config, graph_name=graph.name, batch_size=graph.batch_size)
+    recompute = None
+    if config.recompute != "none":
+        from .recompute_planner import plan_recompute  # it uses this module's trigger search
+
+        recompute = plan_recompute(graph, config)
+        graph = recompute.rewrite(graph)
+    # clone -> the readers of the tensor its chain rebuilds (a swap-in serving the clone serves them)
+    clone_readers = {c.name: r.consumers for r in recompute.recomputes for c in (*r.clones, *r.gates)} \
+        if recompute else {}
     candidates, skipped = find_candidates(graph, config)
     swaps: dict[str, Swap] = {}
     limit = len(candidates) if config.n_tensors < 0 else config.n_tensors
@@ -146,8 +171,11 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
             continue
         backward = [c for c in graph.data_consumers(t) if graph.ops[c].role is Role.BACKWARD]
         swap_ins: list[SwapIn] = []
-        for group in _group_consumers(graph, backward, config):
-            trigger, distance, how = _find_trigger(graph, config, t, group[0], role=Role.BACKWARD)
+        share = RECOMPUTE_SHARE_LEVELS if config.fuse_swapins and any(c.startswith(RECOMPUTE_PREFIX) for c in backward) \
+            else None
+        for group in _group_consumers(graph, backward, config, gap=share):
+            avoid = frozenset(r for c in group for r in clone_readers.get(c, ()))
+            trigger, distance, how = _find_trigger(graph, config, t, group[0], role=Role.BACKWARD, avoid=avoid)
             if trigger is None:  # these readers keep reading the device copy
                 continue
             name = swap_op_name("swap_in", t, len(swap_ins))
@@ -159,23 +187,48 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
     if config.swap_branches:
         _add_branch_swaps(graph, config, swaps, skipped)
     plan = SwapPlan(config=config, swaps=tuple(swaps.values()), skipped=tuple(skipped),
-                    n_candidates=len(candidates), graph_name=graph.name, batch_size=graph.batch_size)
+                    n_candidates=len(candidates), graph_name=graph.name, batch_size=graph.batch_size,
+                    recompute=recompute)
     plan = anchor_triggers(graph, plan)
+    if config.schedule == "memory":
+        plan = _untriggered(plan)
     log.debug("planned %d swaps (%d swap-ins) of %d candidates", plan.n_swapped, plan.n_swap_ins,
               len(candidates))
     return plan
 
 
-def _group_consumers(graph: Graph, consumers: list[str], config: LMSConfig) -> Iterator[list[str]]:
-    """Consumers sorted by level; fused: split where the gap to the previous exceeds lb."""
+def _untriggered(plan: SwapPlan) -> SwapPlan:
+    """Swap-ins without trigger edges: ``schedule="memory"`` places and pins each one (`lms.schedule`).
+
+    Recompute gates keep theirs: without one, the schedule would run a chain
+    whose sources are all there (a ``Pad`` of the step's input) early in the
+    forward pass and hold its output (ResNet-50, P100, PREDICTED: batch 856
+    instead of 966).
+
+    The trigger found above still decided *whether* a tensor is swapped (a
+    backward op ``lb``..``ub`` levels before its readers exists).
+    """
+    swaps = tuple(dataclasses.replace(s, swap_ins=tuple(
+        dataclasses.replace(i, trigger=None, strategy=f"{i.strategy}, placed by the schedule") for i in s.swap_ins))
+        for s in plan.swaps)
+    return dataclasses.replace(plan, swaps=swaps)
+
+
+def _group_consumers(graph: Graph, consumers: list[str], config: LMSConfig, *,
+                     gap: int | None = None) -> Iterator[list[str]]:
+    """Consumers sorted by level; fused: split where the gap to the previous exceeds lb.
+
+    `gap`: fuse (whatever ``fuse_swapins`` says) and split where the gap exceeds ``max(lb, gap)``.
+    """
     ordered = sorted(consumers, key=graph.levels.__getitem__)
-    if not config.fuse_swapins:
+    if not config.fuse_swapins and gap is None:
         for c in ordered:
             yield [c]
         return
+    limit = config.lb if gap is None else max(config.lb, gap)
     group: list[str] = []
     for c in ordered:
-        if group and graph.levels[c] - graph.levels[group[-1]] > config.lb:
+        if group and graph.levels[c] - graph.levels[group[-1]] > limit:
             yield group
             group = []
         group.append(c)
@@ -184,30 +237,35 @@ def _group_consumers(graph: Graph, consumers: list[str], config: LMSConfig) -> I
 
 
 def _find_trigger(graph: Graph, config: LMSConfig, tensor: str, consumer: str, *,
-                  role: Role, floor: int = -1) -> tuple[str | None, int | None, str]:
+                  role: Role, floor: int = -1, avoid: frozenset[str] = frozenset()) -> tuple[str | None, int | None, str]:
     """(trigger op, distance in levels, strategy used) for a swap-in before `consumer`.
 
-    Only ops of `role` with a level above `floor` are eligible.
+    Only ops of `role` with a level above `floor` are eligible, and none that
+    reads a tensor an op of `avoid` reads: `avoid` are ops downstream of the
+    swap-in through recompute clones, and oneDNN merges siblings that read one
+    tensor (``BiasAddGrad`` into ``Conv2DBackpropFilter``): merged with a
+    downstream op, the trigger would close a cycle (seen on TF 2.21 CPU).
     """
     if config.ctrld_strategy == "chain_rule" and role is Role.BACKWARD:
-        found = _chain_rule_trigger(graph, config, tensor, consumer)
+        found = _chain_rule_trigger(graph, config, tensor, consumer, avoid=avoid)
         if found is not None:
             return found[0], found[1], "chain_rule"
-        trig, dist = _direct_order_trigger(graph, config, tensor, consumer, role=role, floor=floor)
+        trig, dist = _direct_order_trigger(graph, config, tensor, consumer, role=role, floor=floor, avoid=avoid)
         return trig, dist, "direct_order (fallback)" if trig else ""
-    trig, dist = _direct_order_trigger(graph, config, tensor, consumer, role=role, floor=floor)
+    trig, dist = _direct_order_trigger(graph, config, tensor, consumer, role=role, floor=floor, avoid=avoid)
     return trig, dist, "direct_order" if trig else ""
 
 
 def _direct_order_trigger(graph: Graph, config: LMSConfig, tensor: str, consumer: str, *, role: Role,
-                          floor: int) -> tuple[str | None, int | None]:
+                          floor: int, avoid: frozenset[str] = frozenset()) -> tuple[str | None, int | None]:
     """An op `k` levels before `consumer`, smallest k in [lb, ub]; ancestors preferred."""
     level = graph.levels[consumer]
     for k in range(config.lb, config.ub + 1):
         target = level - k
         if target <= floor or target < 0:
             break
-        at_level = [o for o in graph.ops_by_level.get(target, ()) if _eligible(graph, o, role, tensor)]
+        at_level = [o for o in graph.ops_by_level.get(target, ())
+                    if _eligible(graph, o, role, tensor) and not _shares_input(graph, o, avoid)]
         if not at_level:
             continue
         for o in at_level:
@@ -215,6 +273,14 @@ def _direct_order_trigger(graph: Graph, config: LMSConfig, tensor: str, consumer
                 return o, k
         return at_level[0], k
     return None, None
+
+
+def _shares_input(graph: Graph, op: str, others: frozenset[str]) -> bool:
+    """Does `op` read a tensor that one of `others` reads too?"""
+    if not others:
+        return False
+    mine = set(graph.ops[op].inputs)
+    return any(mine.intersection(graph.ops[o].inputs) for o in others if o in graph.ops)
 
 
 def _eligible(graph: Graph, op: str, role: Role, tensor: str) -> bool:
@@ -232,6 +298,10 @@ def _eligible(graph: Graph, op: str, role: Role, tensor: str) -> bool:
     """
     if graph.ops[op].role is not role or graph.ops[op].type in SHAPE_ONLY_TYPES:
         return False  # shape ops are cheap metadata that Grappler may fold away
+    if op.startswith(RECOMPUTE_PREFIX):
+        # a clone runs right before its readers anyway, and a control edge out of one keeps
+        # Grappler from rewriting its chain as it rewrote the original (the last bits differ)
+        return False
     if role is not Role.BACKWARD:
         return True
     end = graph.forward_end
@@ -241,8 +311,8 @@ def _eligible(graph: Graph, op: str, role: Role, tensor: str) -> bool:
                if graph.ops[r].role is Role.FORWARD)
 
 
-def _chain_rule_trigger(graph: Graph, config: LMSConfig, tensor: str,
-                        consumer: str) -> tuple[str, int] | None:
+def _chain_rule_trigger(graph: Graph, config: LMSConfig, tensor: str, consumer: str, *,
+                        avoid: frozenset[str] = frozenset()) -> tuple[str, int] | None:
     """A gradient op of a forward op `k` forward levels after the producer, k in [lb, ub]."""
     levels = graph.levels
     limit = levels[consumer]
@@ -256,7 +326,8 @@ def _chain_rule_trigger(graph: Graph, config: LMSConfig, tensor: str,
         if k < config.lb:
             continue
         valid = [g for f in fwd_ops for g in graph.gradient_ops.get(f, ())
-                 if levels[g] < limit and g != consumer and _eligible(graph, g, Role.BACKWARD, tensor)]
+                 if levels[g] < limit and g != consumer and _eligible(graph, g, Role.BACKWARD, tensor)
+                 and not _shares_input(graph, g, avoid)]
         if not valid:
             continue
         ancestors = [g for g in valid if graph.is_ancestor(g, consumer)]

@@ -76,3 +76,59 @@ def long_skip(depth: int, **kw) -> Graph:
     fwd += [(f"m{i}", "Relu", (f"m{i-1}",)) for i in range(1, depth)]
     fwd += [("dec", "AddV2", (f"m{depth-1}", "enc")), ("out", "Relu", ("dec",))]
     return training_graph(fwd, name=f"long_skip{depth}", **kw)
+
+
+def bn_relu_blocks(blocks: int, *, dropout: bool = False, per_sample_bytes: int = MiB,
+                   batch_size: int = 4) -> Graph:
+    """Keras-3-like conv blocks with what their backward pass really saves.
+
+    Forward, per block: ``conv -> BiasAdd -> Mul(scale) -> AddV2(shift) -> Relu``
+    (an unfused BatchNorm's normalisation by tiny per-channel tensors), with
+    ``dropout``: ``-> Mul(relu, Cast(GreaterEqual(RandomUniform)))``. Backward
+    reads the BiasAdd output (BatchNorm's gradient), the Relu output
+    (``ReluGrad`` and the next conv's filter gradient) and the dropout mask.
+    """
+    b = GraphBuilder(batch_size=batch_size, name=f"bn_relu{blocks}{'_dropout' if dropout else ''}")
+    ps = per_sample_bytes
+    prev = b.op("x", "Placeholder", per_sample_bytes=ps)
+    saved: list[dict[str, str]] = []
+    for i in range(blocks):
+        p = f"block{i}"
+        w = b.op(f"{p}/kernel", "Const", fixed_bytes=256)
+        bias = b.op(f"{p}/bias", "Const", fixed_bytes=64)
+        scale = b.op(f"{p}/bn/scale", "Const", fixed_bytes=64)
+        shift = b.op(f"{p}/bn/shift", "Const", fixed_bytes=64)
+        conv = b.op(f"{p}/conv", "Conv2D", prev, w, per_sample_bytes=ps)
+        biased = b.op(f"{p}/BiasAdd", "BiasAdd", conv, bias, per_sample_bytes=ps)
+        mul = b.op(f"{p}/bn/mul_1", "Mul", biased, scale, per_sample_bytes=ps)
+        add = b.op(f"{p}/bn/add_1", "AddV2", mul, shift, per_sample_bytes=ps)
+        relu = b.op(f"{p}/relu", "Relu", add, per_sample_bytes=ps)
+        entry = {"in": prev, "w": w, "scale": scale, "biased": biased, "relu": relu}
+        out = relu
+        if dropout:
+            draw = b.op(f"{p}/dropout/RandomUniform", "RandomUniform", shape=(None, 4), per_sample_bytes=ps)
+            keep = b.op(f"{p}/dropout/GreaterEqual", "GreaterEqual", draw, shape=(None, 4), per_sample_bytes=ps // 4,
+                        dtype="bool")
+            mask = b.op(f"{p}/dropout/Cast", "Cast", keep, per_sample_bytes=ps)
+            out = b.op(f"{p}/dropout/Mul", "Mul", relu, mask, per_sample_bytes=ps)
+            entry["mask"] = mask
+        saved.append(entry)
+        prev = out
+    loss = b.op("loss", "Sum", prev, shape=(), fixed_bytes=4)
+    grad = b.op("gradient_tape/loss/Fill", "Fill", loss, role=Role.BACKWARD, grad_of="loss", per_sample_bytes=ps)
+    for i in reversed(range(blocks)):
+        p, s = f"gradient_tape/block{i}", saved[i]
+        if dropout:
+            grad = b.op(f"{p}/dropout/Mul", "Mul", grad, s["mask"], role=Role.BACKWARD,
+                        grad_of=f"block{i}/dropout/Mul", per_sample_bytes=ps)
+        grad = b.op(f"{p}/ReluGrad", "ReluGrad", grad, s["relu"], role=Role.BACKWARD, grad_of=f"block{i}/relu",
+                    per_sample_bytes=ps)
+        grad = b.op(f"{p}/bn/mul_1/Mul", "Mul", grad, s["scale"], role=Role.BACKWARD, grad_of=f"block{i}/bn/mul_1",
+                    per_sample_bytes=ps)
+        b.op(f"{p}/bn/mul_1/Mul_1", "Mul", grad, s["biased"], role=Role.BACKWARD, grad_of=f"block{i}/bn/mul_1",
+             per_sample_bytes=ps)
+        b.op(f"{p}/Conv2DBackpropFilter", "Conv2DBackpropFilter", s["in"], grad, role=Role.BACKWARD,
+             grad_of=f"block{i}/conv", fixed_bytes=256)
+        grad = b.op(f"{p}/Conv2DBackpropInput", "Conv2DBackpropInput", s["w"], grad, role=Role.BACKWARD,
+                    grad_of=f"block{i}/conv", per_sample_bytes=ps)
+    return b.build()

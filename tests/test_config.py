@@ -41,7 +41,7 @@ def test_round_trip_through_file(tmp_path):
     assert c.excl_scopes == ("head",)
     path = c.save(tmp_path / "cfg.json")
     doc = json.loads(path.read_text())
-    assert doc["schema"] == "lms.config" and doc["schema_version"] == 1
+    assert doc["schema"] == "lms.config" and doc["schema_version"] == 2
     assert doc["config"]["excl_scopes"] == ["head"]
     assert LMSConfig.load(path) == c
     assert LMSConfig.from_dict(c.to_dict()) == c
@@ -140,3 +140,88 @@ def test_saved_file_has_the_usual_mode(tmp_path):
     finally:
         os.umask(mask)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+# ---- the scheduling knobs (schema version 2) -----------------------------------------------------
+
+def test_scheduling_knobs_round_trip_and_default_to_tf_order(tmp_path):
+    assert LMSConfig().schedule == "tf" and not LMSConfig().pins_order
+    c = LMSConfig(schedule="memory", serialization=[1, "3:5", "7:"], serialization_by_size=0.5, sync_mode=3)
+    assert c.serialization == (1, "3:5", "7:") and c.pins_order
+    path = c.save(tmp_path / "cfg.json")
+    doc = json.loads(path.read_text())
+    assert doc["config"]["serialization"] == [1, "3:5", "7:"] and doc["config"]["sync_mode"] == 3
+    assert LMSConfig.load(path) == c
+
+
+def test_version_1_files_are_still_read_with_the_tf_order(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text('{"schema": "lms.config", "schema_version": 1, "config": {"n_tensors": 7, "lb": 2}}')
+    c = LMSConfig.load(path)
+    assert c == LMSConfig(n_tensors=7, lb=2) and c.schedule == "tf" and c.sync_mode == 0
+
+
+def test_serialization_levels_are_inclusive_and_open_ranges_reach_the_last_level():
+    from lms.config import serialization_levels
+    assert serialization_levels((1, "3:5", 7), 10) == (1, 3, 4, 5, 7)
+    assert serialization_levels(("8:",), 10) == (8, 9)
+    assert serialization_levels((12,), 10) == ()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(schedule="fast"), "LMSConfig.schedule='fast': allowed values are 'tf', 'memory'"),
+    (dict(sync_mode=4), "LMSConfig.sync_mode=4: allowed values are 0 (off)"),
+    (dict(sync_mode=-1), "LMSConfig.sync_mode=-1: allowed values are 0 (off)"),
+    (dict(sync_mode=True), "LMSConfig.sync_mode=True"),
+    (dict(serialization=["5:3"]), "LMSConfig.serialization contains '5:3': each entry must be a level"),
+    (dict(serialization=[-1]), "LMSConfig.serialization contains -1"),
+    (dict(serialization=["a"]), "LMSConfig.serialization contains 'a'"),
+    (dict(serialization="1:3"), "LMSConfig.serialization='1:3': must be a list"),
+    (dict(serialization_by_size=-0.5), "LMSConfig.serialization_by_size=-0.5: must be a finite number of GiB"),
+    (dict(serialization_by_size="1"), "LMSConfig.serialization_by_size='1'"),
+])
+def test_bad_scheduling_knobs_give_one_line_errors_naming_field_value_and_allowed(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        LMSConfig(**kwargs)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_bad_scheduling_knobs_in_a_file_name_the_key(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"schema": "lms.config", "schema_version": 2, "config": {"serialization": "1"}}')
+    with pytest.raises(ValueError, match="'serialization'='1': must be a list"):
+        LMSConfig.load(path)
+
+
+# ---- recompute ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["none", "cheap", ("Relu", "AddV2"), ["Mul", "BiasAdd"]])
+def test_recompute_values_round_trip_through_json(tmp_path, value):
+    config = LMSConfig(recompute=value)
+    path = config.save(tmp_path / "c.json")
+    doc = json.loads(path.read_text())
+    assert doc["config"]["recompute"] == (value if isinstance(value, str) else list(value))
+    loaded = LMSConfig.load(path)
+    assert loaded == config and loaded.recompute == (value if isinstance(value, str) else tuple(value))
+
+
+@pytest.mark.parametrize("value,match", [
+    ("all", "recompute='all': allowed values are 'none', 'cheap'"),
+    ([], "recompute=(\\[\\]|\\(\\)): allowed values"),
+    (["RandomUniform"], "random and stateful ops are never recomputed"),
+    (["ReadVariableOp"], "random and stateful"),
+    (["Conv2D"], "not a cheap op type"),
+    ([3], "every entry must be an op type name"),
+    (True, "recompute=True"),
+])
+def test_bad_recompute_values_name_the_field(value, match):
+    with pytest.raises(ValueError, match=match):
+        LMSConfig(recompute=value)
+    with pytest.raises(ValueError, match=match):
+        LMSConfig.from_dict({"recompute": value})
+
+
+def test_recompute_alone_enables_lms():
+    assert not LMSConfig(n_tensors=0).enabled
+    assert LMSConfig(n_tensors=0, recompute="cheap").enabled

@@ -116,16 +116,19 @@ class KnobTable:
         return json.dumps(self.canonical(config).to_dict(), sort_keys=True)
 
     def short_label(self, config: Any) -> str:
-        """``n_tensors=40 lb=4 fuse branches>25``, or ``no LMS``: the knobs that say what the config does."""
+        """``n_tensors=40 lb=4 fuse branches>25``, ``no LMS``, or ``no swaps schedule=memory``: the knobs
+        that say what the config does."""
         config = self.canonical(config)
         fields = config.to_dict()
-        parts = [] if config.enabled else ["no LMS"]
+        parts: list[str] = []
         for k in self.knobs:
             value = getattr(config, k.name)
             if k.label == "" or (not config.enabled and (k.swaps_only or k.search == "candidates")):
                 continue  # LMS off: "no LMS" says it for n_tensors and every swap knob
             if k.show == "always" or value != k.default:
                 parts.append((k.label or f"{k.name}={{value}}").format(value=value, **fields))
+        if not config.enabled:  # nothing swapped or recomputed; other knobs (an order) may still act
+            parts.insert(0, "no swaps" if parts else "no LMS")
         return " ".join(parts)
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -177,7 +177,8 @@ def _alias_root(graph: Graph, tensor: str) -> str:
 
 def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "executor",
                   expensive_op_bytes: int | None = None, temporaries: TemporaryModel,
-                  resident_bytes: int | None = None, round_to: int = 256) -> CompiledGraph:
+                  resident_bytes: int | None = None, round_to: int = 256,
+                  schedule: Any = None) -> CompiledGraph:
     """Rewrite `graph` by `plan` and compile it for `lms.sim.interpreter.run`.
 
     Args:
@@ -190,8 +191,14 @@ def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "e
             slots, constants); ``None``: derived from the graph (each variable's
             largest ``ReadVariableOp`` output, once, plus constants).
         round_to: allocation granularity (TF's BFC allocator: 256 bytes).
+        schedule: a `lms.schedule.Schedule` for (graph, plan): its pins are
+            added as control edges (and oneDNN's merged pairs as the schedule
+            models them), and ``order`` runs over that graph: the pins fix the
+            order of the pinnable ops, the executor places the rest.
     """
-    g = rewrite_graph(graph, plan) if plan is not None and plan.swaps else graph
+    g = rewrite_graph(graph, plan) if plan is not None and plan.rewrites else graph
+    if schedule is not None and schedule.edges:
+        g = _with_edges(g, schedule)
     g = complete_sizes(bypass_identities(g))
     names = executed_order(g, order, expensive_op_bytes=expensive_op_bytes)
     n = len(names)
@@ -328,6 +335,12 @@ def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "e
     )
 
 
+def _with_edges(g: Graph, schedule: Any) -> Graph:
+    from ..schedule import merge_edges, pin_graph  # lms.schedule imports lms.sim.shapes: import here
+
+    return pin_graph(g, schedule.edges + merge_edges(g))
+
+
 _VARIABLE_UPDATES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
 
 
@@ -397,12 +410,14 @@ class _SwapIndex:
     def events(self, g: Graph, ops: list) -> tuple[tuple[tuple[int, int, int], ...], tuple[tuple[int, ...], ...]]:
         waits: list[tuple[int, ...]] = []
         events = [(p, 0, i) for i, p in enumerate(self.out_pos)] + [(p, 1, i) for i, p in enumerate(self.in_pos)]
-        if self.in_index:
+        if self.in_index or self.out_index:
             for pos, op in enumerate(ops):
                 if op.type == SWAP_IN_TYPE:
                     continue
                 reads = tuple(dict.fromkeys(self.in_index[g.producer(t).name] for t in op.inputs
                                             if g.producer(t).name in self.in_index))
+                # a control input from a swap-out (sync_mode 1): wait for that copy; coded -1 - index
+                reads += tuple(-1 - self.out_index[c] for c in op.control_inputs if c in self.out_index)
                 if reads:
                     events.append((pos, 2, len(waits)))
                     waits.append(reads)

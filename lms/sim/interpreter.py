@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from .costs import CPU_TEMPORARIES, TEMPORARIES, TemporaryModel
 from .opcosts import OpCosts
 from .result import SimResult, Timeline, TimelineEvent, _Trace
 
-__all__ = ["simulate", "SimResult", "Timeline", "TimelineEvent", "compiled_for", "resolve_plan",
+__all__ = ["simulate", "SimResult", "Timeline", "TimelineEvent", "compiled_for", "resolve_plan", "schedule_for",
            "DEFAULT_TEMPORARIES", "default_temporaries"]
 
 
@@ -69,16 +69,34 @@ def compiled_for(graph: Graph, plan: SwapPlan | None, *, order: str = "executor"
     """The compiled form of (graph, plan), built once and cached while `graph` lives."""
     temporaries = DEFAULT_TEMPORARIES if temporaries is None else temporaries
     per_graph = _CACHE.setdefault(graph, {})
-    key = ("compiled", plan if plan is None or plan.swaps else None, order, expensive_op_bytes,
+    pinned = plan is not None and plan.config.pins_order
+    key = ("compiled", plan if plan is not None and (plan.rewrites or pinned) else None, order, expensive_op_bytes,
            id(temporaries), resident_bytes)
     hit = per_graph.get(key)
     if hit is not None and hit[0] is temporaries:
         return hit[1]
     _trim(per_graph)
+    sched = schedule_for(graph, plan) if pinned else None
     cg = compile_graph(graph, plan, order=order, expensive_op_bytes=expensive_op_bytes,
-                       temporaries=temporaries, resident_bytes=resident_bytes)
+                       temporaries=temporaries, resident_bytes=resident_bytes, schedule=sched)
     per_graph[key] = (temporaries, cg)
     return cg
+
+
+def schedule_for(graph: Graph, plan: SwapPlan) -> Any:
+    """The `lms.schedule.Schedule` of (graph, plan) under the plan's config, cached while `graph` lives.
+
+    Computed at the graph's own batch size, as `lms.function` computes it for the
+    graph it traced, so the simulator predicts the order that is pinned.
+    """
+    from ..schedule import schedule_ops  # lms.schedule imports lms.sim.shapes: import here, not at the top
+
+    per_graph = _CACHE.setdefault(graph, {})
+    key = ("schedule", plan)
+    if key not in per_graph:
+        _trim(per_graph)
+        per_graph[key] = schedule_ops(graph, plan)
+    return per_graph[key]
 
 
 def _trim(per_graph: dict) -> None:
@@ -144,13 +162,28 @@ def default_temporaries(device: DeviceProfile | None) -> TemporaryModel:
 
 def _cost_array(cg: CompiledGraph, op_costs: Mapping[str, float] | OpCosts | None,
                 measured_batch: int | None, batch: int) -> np.ndarray | None:
+    names = _timed_names(cg)
     if isinstance(op_costs, OpCosts):
-        return op_costs.seconds(cg.op_names, batch)
+        return op_costs.seconds(names, batch)
     if not op_costs:
         return None
     scale = batch / measured_batch if measured_batch else 1.0
-    return np.fromiter((op_costs.get(n, math.nan) for n in cg.op_names), dtype=float,
-                       count=len(cg.op_names)) * scale
+    return np.fromiter((op_costs.get(n, math.nan) for n in names), dtype=float, count=len(names)) * scale
+
+
+def _timed_names(cg: CompiledGraph) -> tuple[str, ...]:
+    """Op names to look measured times up by: a recompute clone takes its original's time."""
+    rp = cg.plan.recompute if cg.plan is not None else None
+    if rp is None or not rp.recomputes:
+        return cg.op_names
+    names = _TIMED_NAMES.get(cg)
+    if names is None:
+        original = {c.name: c.op for r in rp.recomputes for c in r.clones}
+        names = _TIMED_NAMES[cg] = tuple(original.get(n, n) for n in cg.op_names)
+    return names
+
+
+_TIMED_NAMES: "weakref.WeakKeyDictionary[CompiledGraph, tuple[str, ...]]" = weakref.WeakKeyDictionary()
 
 
 def run(cg: CompiledGraph, batch: int, *, device: DeviceProfile | None = None,
@@ -204,11 +237,12 @@ def run(cg: CompiledGraph, batch: int, *, device: DeviceProfile | None = None,
                     s = o_done[j]
                 i_start[idx] = s
                 h2d_free = i_done[idx] = s + in_xfer[idx]
-            else:  # an op reading swap-ins waits for their copies
+            else:  # an op reading swap-ins waits for their copies (j < 0: for swap-out -1 - j)
                 need = 0.0
                 for j in waits[idx]:
-                    if i_done[j] > need:
-                        need = i_done[j]
+                    d = i_done[j] if j >= 0 else o_done[-1 - j]
+                    if d > need:
+                        need = d
                 if need > base:
                     stall += need - base
                     stall_pos.append(pos)

@@ -1,7 +1,7 @@
 """The TensorFlow adapter of `lms`: the only code that imports TensorFlow.
 
 - `extract`: traced step -> `lms.graph.Graph` (`extract_graph`, `trace_train_step`).
-- `apply`: `SwapPlan` -> swap ops inserted in the graph being traced (`apply_plan`).
+- `apply`: `SwapPlan` -> recompute clones and swap ops inserted in the graph being traced (`apply_plan`).
 - `emulate`: swap ops that leave TF's allocator on any machine (CPU emulation).
 - `function`: `lms.function`, a ``tf.function`` for training steps with LMS.
 - `keras`: `LMSModel` / `enable_lms` for Keras 3 ``model.fit``.
@@ -30,6 +30,7 @@ _LAZY = {
     "optimized_graph_def": "lms.tf.apply",
     "executed_graph_defs": "lms.tf.apply",
     "swap_op_names": "lms.tf.apply",
+    "clone_op_names": "lms.tf.apply",
     "LMSModel": "lms.tf.keras",
     "enable_lms": "lms.tf.keras",
     "make_train_step": "lms.tf.train",

@@ -1,4 +1,4 @@
-"""Apply a finished `SwapPlan` to a TensorFlow graph: insert swap ops, reroute, add triggers.
+"""Apply a finished `SwapPlan` to a TensorFlow graph: clone recomputed chains, insert swap ops, reroute, add triggers.
 
 This is the only place that edits a TensorFlow graph. What to swap and when was
 decided elsewhere (`lms.planner.plan_swaps` over the framework-free graph
@@ -11,6 +11,11 @@ model); this module does exactly what the plan says::
 Swap-ins are named after the producer (`lms.plan.swap_op_name`) so that
 Grappler, which sorts the inputs of commutative ops by name, sees each
 consumer's inputs in the order it sees them without LMS; `apply_plan` checks it.
+
+With ``plan.recompute``, recomputed chains are cloned into the backward pass
+first (`_insert_clones`), so the swaps can serve the clones::
+
+    (b) -> [lms/recompute/t_0/gate/b] -> [lms/recompute/t_0/<op>] ... -> t' -> (bwd_op)
 
 Edit the graph while it is being built (inside the traced Python function,
 before TensorFlow turns it into a function): `lms.function` and `lms.LMSModel`
@@ -29,10 +34,12 @@ from tensorflow.python.eager import record
 
 from ..anchor import REWRITABLE_TYPES, anchor_triggers  # noqa: F401  (re-exported)
 from ..plan import Swap, SwapIn, SwapPlan
+from ..recompute import GATE_TYPE, RecomputePlan
 from .emulate import emulated_swap_in, emulated_swap_out
 
-__all__ = ["apply_plan", "observe_swapped_size", "anchor_triggers", "AppliedPlan", "SWAP_OPS", "HOST_DEVICE", "REWRITABLE_TYPES",
-           "DO_NOT_REMOVE_ATTR", "default_compute_device", "swap_op_names", "is_swap_op_name", "optimized_graph_def",
+__all__ = ["apply_plan", "observe_swapped_size", "anchor_triggers", "AppliedPlan", "SWAP_OPS", "HOST_DEVICE",
+           "REWRITABLE_TYPES", "DO_NOT_REMOVE_ATTR", "default_compute_device", "swap_op_names", "is_swap_op_name",
+           "clone_op_names", "optimized_graph_def",
            "executed_graph_defs"]
 
 log = logging.getLogger(__name__)
@@ -54,6 +61,7 @@ class AppliedPlan:
         rerouted_inputs: consumer inputs now reading a swap-in.
         triggers: control edges added (trigger op -> swap-in op).
         swap_ops: ``"device"`` or ``"emulated"``.
+        clones: the inserted recompute ops (``lms/recompute/...``: gates and clones), in plan order.
     """
 
     swap_outs: tuple[str, ...]
@@ -62,6 +70,7 @@ class AppliedPlan:
     rerouted_inputs: int
     triggers: int
     swap_ops: str
+    clones: tuple[str, ...] = ()
 
 
 def default_compute_device() -> str:
@@ -110,7 +119,13 @@ def apply_plan(graph: tf.Graph, plan: SwapPlan, *, swap_ops: str = "emulated",
     swap_ins: list[str] = []
     inserted: list[str] = []
     rerouted = triggers = 0
+    clones: list[str] = []
     with graph.as_default(), record.stop_recording():
+        if plan.recompute is not None:  # first: the swaps may serve clones
+            clones, n_rerouted, n_triggers = _insert_clones(graph, plan.recompute)
+            inserted.extend(clones)
+            rerouted += n_rerouted
+            triggers += n_triggers
         for swap in plan.swaps:
             t = _tensor(graph, swap.tensor)
             host, new_ops = _insert_swap_out(graph, t, swap, swap_ops=swap_ops, bandwidth=bandwidth)
@@ -133,10 +148,81 @@ def apply_plan(graph: tf.Graph, plan: SwapPlan, *, swap_ops: str = "emulated",
                     graph.get_operation_by_name(new_ops[0])._add_control_input(  # noqa: SLF001
                         _op(graph, si.trigger, what=f"trigger of {si.name}"))
                     triggers += 1
-    applied = AppliedPlan(tuple(swap_outs), tuple(swap_ins), tuple(inserted), rerouted, triggers, swap_ops)
+    applied = AppliedPlan(tuple(swap_outs), tuple(swap_ins), tuple(inserted), rerouted, triggers, swap_ops,
+                          tuple(clones))
     log.debug("applied %d swap-outs, %d swap-ins (%s), %d inputs rerouted", len(swap_outs),
               len(swap_ins), swap_ops, rerouted)
     return applied
+
+
+def _insert_clones(graph: tf.Graph, recompute: RecomputePlan) -> tuple[list[str], int, int]:
+    """Clone each chain of `recompute` into the backward pass and reroute its readers.
+
+    For a tensor ``t`` rebuilt by the chain ``(m) -> (a) -> (r)`` from the source ``b``::
+
+        (m) -> (a) -> (r) -> t -> (bwd)        (m) -> (a) -> (r) -> t
+        b --^                                  b -> [gate] -> [clone m] -> [clone a] -> [clone r] -> t' -> (bwd)
+                                                     ^
+                                     (trigger) ......+  control edge
+
+    A gate is an ``Identity`` marked ``_grappler_do_not_remove``; it is where the
+    trigger's control edge goes. A clone is the original's op type with its
+    attributes and device, created with no control inputs, outside any name scope,
+    reading gates or other clones where the original read the sources. It is *not* marked
+    ``_grappler_do_not_remove``: Grappler must rewrite a chain of clones exactly as
+    it rewrites the original chain (its arithmetic optimizer turns
+    ``(mul_1 + sub) + shortcut`` into one ``AddN``; a protected clone chain would
+    add in another order and differ in the last bit). Common-subexpression
+    elimination cannot merge a clone back into its original: the chain's first
+    clones read gates, the others read clones. `lms.tf.apply.clone_op_names` of `optimized_graph_def`
+    shows which survived. A clone with a control input is rewritten differently
+    too (a tanh-GELU's ``Pow(x, 3)``): hence the gates.
+
+    Returns:
+        (clone names, inputs rerouted, trigger edges added).
+    """
+    names: list[str] = []
+    rerouted = triggers = 0
+    for r in recompute.recomputes:
+        made: dict[str, tf.Tensor] = {}
+        for gate in r.gates:
+            _check_free_name(graph, gate.name)
+            source = _tensor(graph, gate.tensor)
+            with graph.name_scope(None), graph.control_dependencies(None), graph.colocate_with(
+                    None, ignore_existing=True), graph.device(source.op.device):
+                op = graph._create_op_internal(GATE_TYPE, [source], [source.dtype], name=gate.name,  # noqa: SLF001
+                                               attrs={"T": attr_value_pb2.AttrValue(type=source.dtype.as_datatype_enum)})
+            if op.name != gate.name:
+                raise ValueError(f"gate op was named {op.name!r}, expected {gate.name!r}")
+            _protect(op)  # Grappler's dependency optimizer would bypass an identity
+            for c in gate.control_inputs:
+                op._add_control_input(_op(graph, c, what=f"trigger of {gate.name}"))  # noqa: SLF001
+                triggers += 1
+            made[gate.output] = op.outputs[0]
+            names.append(op.name)
+        for clone in r.clones:
+            original = _op(graph, clone.op, what=f"forward op recomputed for {r.tensor}")
+            _check_free_name(graph, clone.name)
+            inputs = [made[name] if name in made else _tensor(graph, name) for name in clone.inputs]
+            attrs = {k: v for k, v in original.node_def.attr.items() if not k.startswith("_")}
+            with graph.name_scope(None), graph.control_dependencies(None), graph.colocate_with(
+                    None, ignore_existing=True), graph.device(original.device):
+                op = graph._create_op_internal(  # noqa: SLF001
+                    original.type, inputs, [t.dtype for t in original.outputs], name=clone.name, attrs=attrs,
+                    op_def=original.op_def)
+            if op.name != clone.name:
+                raise ValueError(f"clone op was named {op.name!r}, expected {clone.name!r}")
+            for c in clone.control_inputs:
+                op._add_control_input(_op(graph, c, what=f"trigger of {clone.name}"))  # noqa: SLF001
+                triggers += 1
+            for i, t in enumerate(original.outputs):
+                made[clone.output(t.name)] = op.outputs[i]
+            names.append(op.name)
+        new_t = made[r.output]
+        old_t = _tensor(graph, r.tensor)
+        for c in r.consumers:
+            rerouted += _reroute(_op(graph, c, what=f"reader of recomputed {r.tensor}"), old_t, new_t)
+    return names, rerouted, triggers
 
 
 def _insert_swap_out(graph: tf.Graph, t: tf.Tensor, swap: Swap, *, swap_ops: str,
@@ -297,6 +383,14 @@ def swap_op_names(graph_def: Any) -> list[str]:
     for fdef in graph_def.library.function:
         names.extend(n.name for n in fdef.node_def)
     return [n for n in names if is_swap_op_name(n)]
+
+
+def clone_op_names(graph_def: Any) -> list[str]:
+    """Names of the ``lms/recompute/...`` clones of a GraphDef (and its library)."""
+    names = [n.name for n in graph_def.node]
+    for fdef in graph_def.library.function:
+        names.extend(n.name for n in fdef.node_def)
+    return [n for n in names if n.startswith("lms/recompute/")]
 
 
 def optimized_graph_def(concrete_fn: Any) -> Any:

@@ -97,6 +97,9 @@ class LMSSummary:
         swapped: one entry per swapped tensor.
         note: why nothing was swapped when LMS did not run (running eagerly,
             ``n_tensors=0``); empty otherwise.
+        recomputed: tensors the backward pass rebuilds instead (``LMSConfig.recompute``).
+        recomputed_bytes: their bytes at `batch_size` (no longer kept or swapped).
+        n_clones: forward ops cloned into the backward pass to rebuild them.
     """
 
     n_swapped: int
@@ -106,17 +109,23 @@ class LMSSummary:
     batch_size: int
     swap_ops: str
     swapped: tuple[SwappedTensor, ...]
+    recomputed: tuple[str, ...] = ()
+    recomputed_bytes: int = 0
+    n_clones: int = 0
     note: str = ""
 
     def at_batch(self, graph: Graph, batch: int) -> "LMSSummary":
         """The same swaps with their bytes at `batch` (sizes from the graph model, affine in the batch)."""
         swapped = tuple(replace(s, bytes=graph.tensor_bytes(s.tensor, batch)) for s in self.swapped)
-        return replace(self, batch_size=batch, swapped=swapped, swapped_bytes=sum(s.bytes for s in swapped))
+        recomputed_bytes = sum(graph.tensor_bytes(t, batch) for t in self.recomputed)
+        return replace(self, batch_size=batch, swapped=swapped, swapped_bytes=sum(s.bytes for s in swapped),
+                       recomputed_bytes=recomputed_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["swapped"] = [dict(s, consumers=list(s["consumers"]), swap_ins=list(s["swap_ins"]))
                           for s in out["swapped"]]
+        out["recomputed"] = list(self.recomputed)
         return out
 
     @classmethod
@@ -126,9 +135,12 @@ class LMSSummary:
                           trigger=s.swap_ins[0].trigger if s.swap_ins else None,
                           swap_ins=tuple(i.name for i in s.swap_ins))
             for s in plan.swaps)
+        rp = plan.recompute
         return cls(n_swapped=plan.n_swapped, swapped_bytes=plan.swapped_bytes, n_swap_ins=plan.n_swap_ins,
                    n_candidates=plan.n_candidates, batch_size=plan.batch_size, swap_ops=swap_ops,
-                   swapped=swapped, note=note)
+                   swapped=swapped, recomputed=rp.tensors if rp is not None else (),
+                   recomputed_bytes=plan.recomputed_bytes, n_clones=rp.n_clones if rp is not None else 0,
+                   note=note)
 
 
 def as_config(config: Any) -> LMSConfig:
@@ -204,9 +216,16 @@ class _Rewriter:
         plan.validate(model)
         planned = time.perf_counter()
         applied = apply_plan(graph, plan, swap_ops=self.swap_ops, bandwidth=self.bandwidth, device=self.device)
+        swapped = time.perf_counter()
+        if self.config.pins_order:  # the order chosen over the graph model, pinned by control edges
+            from ..schedule import schedule_ops
+            from .pin import apply_schedule
+
+            apply_schedule(graph, schedule_ops(model, plan).edges)
         done = time.perf_counter()
         summary = LMSSummary.from_plan(plan, swap_ops=self.swap_ops)
-        timings = {"extract_s": extracted - start, "plan_s": planned - extracted, "apply_s": done - planned}
+        timings = {"extract_s": extracted - start, "plan_s": planned - extracted, "apply_s": swapped - planned,
+                   "schedule_s": done - swapped}
         trace = _Trace(model, plan, applied, summary, timings)
         with self._lock:
             self.last = trace
@@ -222,6 +241,9 @@ class _Rewriter:
                  "(%s swap ops) in %s; extract+plan+apply %.2f s", plan.n_swapped,
                  plan.swapped_bytes / _MiB, batch, plan.n_candidates, plan.n_swap_ins, self.swap_ops,
                  self.owner, done - start)
+        if plan.n_recomputed:
+            log.info("LMS: recomputes %d tensors (%.1f MiB at batch %d) with %d cloned ops in %s",
+                     plan.n_recomputed, plan.recomputed_bytes / _MiB, batch, summary.n_clones, self.owner)
 
     def set_disabled(self, args: tuple, kwargs: dict, *, graph: tf.Graph, batch_hint: int | None) -> None:
         """Record an empty plan for a trace with LMS off (``n_tensors=0``)."""
@@ -264,7 +286,7 @@ class _Session:
             return self
         if control_flow_util.GraphOrParentsInXlaContext(graph):
             raise ValueError(_XLA_MESSAGE.format(owner=rw.owner))
-        if not rw.config.enabled:
+        if not rw.config.enabled and not rw.config.pins_order:
             rw.set_disabled(self._args, self._kwargs, graph=graph, batch_hint=self._batch_hint)
             return self
         self._graph = graph

@@ -76,6 +76,12 @@ RESNET50_RUNS = {
     "direct_order-paper-branches-device": (
         LMSConfig(ctrld_strategy="direct_order", n_tensors=100, lb=5, swap_branches=True, branch_threshold=5),
         False),
+    # the order pinned (lms.schedule): no pin may touch an op Grappler or oneDNN rewrites
+    "memory-sync3-branches-emulated": (
+        LMSConfig(lb=3, schedule="memory", sync_mode=3, swap_branches=True, branch_threshold=20), True),
+    "memory-serialization-branches-device": (
+        LMSConfig(n_tensors=100, lb=5, schedule="memory", serialization=["1:"], swap_branches=True,
+                  branch_threshold=5), False),
 }
 
 

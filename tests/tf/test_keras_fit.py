@@ -75,6 +75,22 @@ def test_lms_model_fit_is_bitwise_identical(baseline, data):
     assert model.jit_compile is False
 
 
+PINNED_FIT_CONFIGS = {
+    "memory-no-swaps": LMSConfig(n_tensors=0, schedule="memory"),
+    "memory-sync3-branches": LMSConfig(lb=2, schedule="memory", sync_mode=3, swap_branches=True, branch_threshold=1),
+    "tf-serialization": LMSConfig(serialization=["1:"], sync_mode=1),
+}
+
+
+@pytest.mark.parametrize("emulate", [True, False])
+@pytest.mark.parametrize("config_name", list(PINNED_FIT_CONFIGS))
+def test_pinned_orders_fit_bitwise_identically(baseline, data, config_name, emulate):
+    inputs, outputs, initial, expected = baseline
+    model = lms.enable_lms(keras.Model(inputs, outputs), PINNED_FIT_CONFIGS[config_name], emulate=emulate)
+    assert_bitwise(expected, _fit(model, data, initial))
+    assert model.lms.plan.config.pins_order
+
+
 def test_enable_lms_on_an_existing_model(baseline, data):
     inputs, outputs, initial, expected = baseline
     model = keras.Model(inputs, outputs)

@@ -88,13 +88,23 @@ def test_zoo_model_builds_and_trains(name):
     assert not frozen, f"trainable weights that did not move: {frozen}"
 
 
+# models whose graph has a cheap chain to rebuild a saved tensor from saved ones (BatchNorm -> ReLU)
+RECOMPUTES = {"cnn_bn", "residual", "resnet50", "unet3d"}
+
+
+@pytest.mark.parametrize("recompute", ["none", "cheap"])
 @pytest.mark.parametrize("name", ZOO)
-def test_zoo_model_under_lms_function_is_bitwise_equal(name):
+def test_zoo_model_under_lms_function_is_bitwise_equal(name, recompute):
     workload, init, plain = _plain_run(name)
     _, batch, _ = SMALL[name]
-    swapped = _train(workload, init, batch, lambda fn: lms.function(fn, config=lms.LMSConfig()))
+    config = lms.LMSConfig(recompute=recompute)
+    swapped = _train(workload, init, batch, lambda fn: lms.function(fn, config=config))
     summary = swapped["step"].summary
     assert summary is not None and summary.n_swapped > 0 and summary.swapped_bytes > 0
+    if recompute == "cheap" and name in RECOMPUTES:
+        assert summary.recomputed and summary.n_clones > 0
+    elif recompute == "none":
+        assert not summary.recomputed
     for a, b in zip(plain["losses"], swapped["losses"]):
         assert np.array_equal(a, b), (plain["losses"], swapped["losses"])
     assert len(plain["weights"]) == len(swapped["weights"])

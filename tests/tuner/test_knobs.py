@@ -36,9 +36,10 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 def test_table_is_lms_configs_fields_in_order() -> None:
     assert [k.name for k in KNOB_TABLE.knobs] == list(LMSConfig().to_dict())
     assert KNOB_TABLE.columns == ("n_tensors", "lb", "ub", "fuse_swapins", "ctrld_strategy", "swap_branches",
-                                  "branch_threshold")
+                                  "branch_threshold", "schedule", "serialization_by_size", "sync_mode", "recompute")
     assert [k.name for k in KNOB_TABLE.searched] == ["n_tensors", "lb", "fuse_swapins", "ctrld_strategy",
-                                                      "swap_branches", "branch_threshold"]
+                                                      "swap_branches", "branch_threshold", "schedule", "sync_mode",
+                                                      "recompute"]
     assert KNOB_TABLE.always_shown == ("n_tensors", "lb")
 
 
@@ -50,6 +51,9 @@ def test_table_is_lms_configs_fields_in_order() -> None:
      LMSConfig(n_tensors=5, swap_branches=True, branch_threshold=10), False),
     (LMSConfig(n_tensors=5, ub=20), LMSConfig(n_tensors=5), False),
     (LMSConfig(n_tensors=5, lb=4), LMSConfig(n_tensors=5), False),
+    (LMSConfig(n_tensors=0, sync_mode=3), LMSConfig(n_tensors=0), True),  # sync_mode paces swaps only
+    (LMSConfig(n_tensors=0, schedule="memory"), LMSConfig(n_tensors=0), False),  # an order pinned without swaps
+    (LMSConfig(n_tensors=0, recompute="cheap"), LMSConfig(n_tensors=0), False),
 ])
 def test_canonical_key_is_equal_exactly_when_configs_plan_alike(a, b, same) -> None:
     assert (canonical_key(a) == canonical_key(b)) is same
@@ -69,6 +73,9 @@ def test_canonical_key_is_the_sorted_json_of_the_canonical_config() -> None:
     (LMSConfig(n_tensors=40, lb=4, fuse_swapins=True, ctrld_strategy="direct_order", swap_branches=True,
                branch_threshold=25), "n_tensors=40 lb=4 fuse direct_order branches>25"),
     (LMSConfig(n_tensors=40, branch_threshold=25), "n_tensors=40 lb=1"),
+    (LMSConfig(n_tensors=0, schedule="memory", sync_mode=2), "no swaps schedule=memory"),
+    (LMSConfig(n_tensors=-1, schedule="memory", sync_mode=1, recompute="cheap"),
+     "n_tensors=-1 lb=1 schedule=memory sync=1 recompute=cheap"),
 ])
 def test_short_label(config, label) -> None:
     assert short_label(config) == label

@@ -50,9 +50,13 @@ def test_space_small_graph_has_one_level_per_tensor() -> None:
 def test_grid_is_the_whole_space() -> None:
     space = SearchSpace(n_candidates=213)
     grid = space.grid()
-    assert len(grid) == 9 * 5 * 2 * 2 * 4
+    # n_tensors x lb x fuse x strategy x (no branches + 3 thresholds) x schedule x sync_mode x recompute
+    assert len(grid) == 9 * 5 * 2 * 2 * 4 * 2 * 2 * 2
     keys = {canonical_key(space.config_of(p)) for p in grid}
-    assert len(keys) == 1 + 8 * 5 * 2 * 2 * 4  # every n_tensors=0 point is the same config
+    swap_knobs = 5 * 2 * 2 * 4 * 2  # lb, fuse, strategy, branches, sync_mode: meaningless without swaps or clones
+    # n_tensors=0 without recompute: one config per schedule (no LMS; an order pinned alone);
+    # n_tensors=0 with recompute: the swap knobs still shape the clones' triggers.
+    assert len(keys) == 2 + 2 * swap_knobs + 8 * swap_knobs * 2 * 2
     assert {p["lb"] for p in grid} == {1, 4, 7, 10, 13}
     assert {p.get("branch_threshold") for p in grid} == {None, 10, 25, 40}
 
@@ -71,10 +75,12 @@ def test_config_of_is_canonical() -> None:
 def test_suggest_matches_fixed_params() -> None:
     space = SearchSpace(n_candidates=20)
     params = {"n_tensors": 9, "lb": 7, "fuse_swapins": True, "ctrld_strategy": "direct_order",
-              "swap_branches": True, "branch_threshold": 40}
+              "swap_branches": True, "branch_threshold": 40, "schedule": "memory", "sync_mode": 1,
+              "recompute": "cheap"}
     config = space.suggest(optuna.trial.FixedTrial(params))
     assert config == LMSConfig(n_tensors=9, lb=7, fuse_swapins=True, ctrld_strategy="direct_order",
-                               swap_branches=True, branch_threshold=40)
+                               swap_branches=True, branch_threshold=40, schedule="memory", sync_mode=1,
+                               recompute="cheap")
 
 
 def test_warm_start_params() -> None:
@@ -144,8 +150,7 @@ def test_duplicates_are_answered_from_the_study_and_not_counted() -> None:
     space = SearchSpace(n_candidates=4)
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=make_sampler("random", seed=0))
     for _ in range(3):
-        study.enqueue_trial({"n_tensors": 0, "lb": 4, "fuse_swapins": True, "ctrld_strategy": "chain_rule",
-                             "swap_branches": False})
+        study.enqueue_trial({**space.baseline_params(), "n_tensors": 0, "lb": 4, "fuse_swapins": True})
 
     def evaluate(config, trial):
         calls.append(canonical_key(config))
@@ -161,7 +166,8 @@ def test_duplicates_are_answered_from_the_study_and_not_counted() -> None:
 
 
 def test_exhausted_space_stops() -> None:
-    space = SearchSpace(n_candidates=1, ranges={"lb": range(1, 2), "branch_threshold": (10,)})
+    space = SearchSpace(n_candidates=1, ranges={"lb": range(1, 2), "branch_threshold": (10,), "schedule": ("tf",),
+                                                "sync_mode": (0,), "recompute": ("none",)})
     assert space.n_distinct == 1 + 1 * 1 * 2 * 2 * 2  # off, or n=1 x fuse x strategy x (no branches, 10)
 
     def evaluate(config, trial):
@@ -179,7 +185,7 @@ def test_resume_in_same_storage_runs_only_the_rest(tmp_path: Path) -> None:
     first = [(t.number, t.params, t.values, t.datetime_start) for t in study.get_trials()]
     study2, ran2, _, _ = _simulated_study(graph, 300 * MiB, n_trials=9, storage=url)
     assert ran == 5 and ran2 == 4
-    again = [(t.number, t.params, t.values, t.datetime_start) for t in study2.get_trials()][:5]
+    again = [(t.number, t.params, t.values, t.datetime_start) for t in study2.get_trials()][:len(first)]
     assert again == first
 
 
@@ -288,8 +294,7 @@ def test_parallel_workers_share_one_study_without_double_work() -> None:
     space = SearchSpace(n_candidates=40)
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=make_sampler("tpe", seed=0))
     for n in (0, 5, 10, 15, 20, 25):
-        study.enqueue_trial({"n_tensors": n, "lb": 1, "fuse_swapins": False, "ctrld_strategy": "chain_rule",
-                             "swap_branches": False})
+        study.enqueue_trial({**space.baseline_params(), "n_tensors": n})
     seen: list[tuple[int, str]] = []
     lock = threading.Lock()
 

@@ -1,0 +1,242 @@
+"""The pinned order (``schedule="memory"``) on the emulated device: every figure MEASURED on this CPU.
+
+Real TensorFlow training steps, each configuration in a fresh process, run as
+the tuner's emulated trials run them: TF's CPU BFC allocator is the "device"
+(byte-exact peaks), swap ops are `lms.tf.emulate` copies out of that allocator,
+TF's single-threaded executor (`lms.tf.measure.measure_step(...,
+executor="single_threaded")`), one inter-op thread, the batch dimension left
+unknown when tracing (one trace per process). Three figures (issue 14):
+
+1. repeatability: per zoo model at its small settings, one config with the
+   order pinned, measured in 3 separate processes; target: the per-step peaks
+   of all processes within 1% of each other;
+2. pinning cost: ResNet-50 64x64, the order pinned with nothing swapped
+   (``n_tensors=0, schedule="memory"``) versus plain; target: median step time
+   at most 5% longer (processes alternate, so drift hits both);
+3. max batch under the tuner's default emulated budget
+   (`tuner.search.derive_emulated_budget` of ResNet-50 64x64), found by the
+   tuner's own max-batch search (a `tuner.trial` worker per config), without
+   LMS and with LMS (TF's order, and the memory schedule); target: >= 4.5x the
+   batch at >= 0.8x the throughput.
+
+    nice -n 10 python benchmarks/schedule_emulated.py                # all three (about 30-60 min on 2 cores)
+    nice -n 10 python benchmarks/schedule_emulated.py --parts repeat cost
+
+Prints a summary and writes benchmarks/results/schedule_emulated.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lms import LMSConfig  # noqa: E402
+from lms.config import atomic_write_text  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "schedule_emulated.json"
+WORKDIR = ROOT / "benchmarks" / "results" / "cache" / "schedule_emulated"
+LABEL = "MEASURED"
+MiB = 1 << 20
+
+# The zoo at small settings (CPU-sized), and the batch each is measured at for repeatability.
+ZOO: dict[str, tuple[dict[str, Any], int]] = {
+    "mlp": ({}, 64),
+    "cnn_bn": ({}, 32),
+    "residual": ({}, 32),
+    "resnet50": ({"image_size": 64}, 16),
+    "unet3d": ({"input_size": 16, "base_filters": 4, "levels": 3}, 2),
+    "gpt2_small": ({"seq_len": 64, "n_layers": 2, "d_model": 64, "n_heads": 2, "vocab_size": 1000,
+                    "n_positions": 64}, 8),
+}
+REPEAT_CONFIG = LMSConfig(n_tensors=-1, lb=3, schedule="memory")
+REPEAT_PROCESSES = 3
+REPEAT_TARGET = 0.01
+COST_MODEL = ("resnet50", {"image_size": 64}, 32)
+COST_CONFIGS = {"plain": LMSConfig(n_tensors=0), "pinned": LMSConfig(n_tensors=0, schedule="memory")}
+COST_ROUNDS = 3
+COST_TARGET = 1.05
+BATCH_MODEL = ("resnet50", {"image_size": 64})
+BATCH_CONFIGS = {
+    "no LMS": LMSConfig(n_tensors=0),
+    "LMS, TF's order": LMSConfig(n_tensors=-1, lb=3),
+    "LMS, memory schedule": LMSConfig(n_tensors=-1, lb=3, schedule="memory"),
+}
+BATCH_TARGET = 4.5
+THROUGHPUT_TARGET = 0.8
+
+
+# ---------------------------------------------------------------- child: one measurement (TensorFlow)
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Trace `spec`'s model once under `lms.function` and measure steps at `spec["batch"]`."""
+    os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+    import tensorflow as tf
+
+    tf.config.threading.set_inter_op_parallelism_threads(1)  # as tuner.trial's emulated backend
+    import lms
+    from lms.schedule import schedule_ops
+    from lms.tf.measure import measure_step
+    from lms.tf.train import make_train_step
+    from tuner.models import load_workload
+
+    workload = load_workload(spec["model"], **spec["options"])
+    config = LMSConfig.from_dict(spec["config"])
+    step = make_train_step(workload.build_model(), workload.loss_fn, workload.make_optimizer())
+    fn = lms.function(step, config=config, emulate=True, input_signature=[workload.x_spec(), workload.y_spec()],
+                      autograph=False)
+    x, y = workload.make_batch(spec["batch"], 0)
+    data = (tf.convert_to_tensor(x), tf.convert_to_tensor(y))
+    m = measure_step(fn, [data], warmup=2, steps=spec["steps"], device="/CPU:0", executor="single_threaded")
+    out = {"step_peaks_bytes": list(m.step_peaks_bytes), "step_times_s": list(m.step_times_s),
+           "median_step_s": m.median_step_s, "n_swapped": fn.summary.n_swapped if fn.summary else 0}
+    if config.pins_order and fn.graph is not None:
+        sched = schedule_ops(fn.graph, fn.plan)
+        out.update(n_pins=len(sched.pins), n_dropped=len(sched.dropped), chosen=sched.chosen)
+    return out
+
+
+def _run_child(spec: dict[str, Any], *, timeout: float = 1800) -> dict[str, Any]:
+    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=str(ROOT) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
+    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {spec['model']} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------- the three parts
+
+def repeatability(models: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for name in models:
+        options, batch = ZOO[name]
+        runs = [_run_child({"model": name, "options": options, "config": REPEAT_CONFIG.to_dict(), "batch": batch,
+                            "steps": 3}) for _ in range(REPEAT_PROCESSES)]
+        peaks = [p for r in runs for p in r["step_peaks_bytes"]]
+        spread = (max(peaks) - min(peaks)) / min(peaks)
+        row = {"model": name, "options": options, "batch": batch, "processes": REPEAT_PROCESSES,
+               "per_process_step_peaks_bytes": [r["step_peaks_bytes"] for r in runs],
+               "spread": spread, "within_target": spread <= REPEAT_TARGET,
+               "n_swapped": runs[0]["n_swapped"], "n_pins": runs[0].get("n_pins"), "chosen": runs[0].get("chosen")}
+        print(f"  repeat {name:10s} batch {batch:3d}: peaks {min(peaks) / MiB:.2f}-{max(peaks) / MiB:.2f} MiB, "
+              f"spread {spread:.2%} ({row['n_pins']} pins, {row['n_swapped']} swapped)", flush=True)
+        rows.append(row)
+    return rows
+
+
+def pinning_cost() -> dict[str, Any]:
+    name, options, batch = COST_MODEL
+    times: dict[str, list[float]] = {k: [] for k in COST_CONFIGS}
+    peaks: dict[str, list[int]] = {k: [] for k in COST_CONFIGS}
+    extra: dict[str, Any] = {}
+    for _ in range(COST_ROUNDS):
+        for key, config in COST_CONFIGS.items():
+            r = _run_child({"model": name, "options": options, "config": config.to_dict(), "batch": batch, "steps": 5})
+            times[key].append(r["median_step_s"])
+            peaks[key].extend(r["step_peaks_bytes"])
+            if "n_pins" in r:
+                extra = {"n_pins": r["n_pins"], "chosen": r["chosen"]}
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ratio = med["pinned"] / med["plain"]
+    print(f"  cost {name} batch {batch}: plain {med['plain']:.3f} s, pinned {med['pinned']:.3f} s "
+          f"-> {ratio:.3f}x; peaks {max(peaks['plain']) / MiB:.1f} / {max(peaks['pinned']) / MiB:.1f} MiB", flush=True)
+    return {"model": name, "options": options, "batch": batch, "rounds": COST_ROUNDS,
+            "median_step_s_per_round": times, "median_step_s": med, "step_time_ratio": ratio,
+            "within_target": ratio <= COST_TARGET, "peak_bytes": {k: max(v) for k, v in peaks.items()}, **extra}
+
+
+def max_batches() -> dict[str, Any]:
+    from lms import plan_swaps
+    from lms.graph import Graph
+    from lms.simulator import max_batch
+    from tuner.search import derive_emulated_budget
+    from tuner.trial import run_worker, worker_env
+
+    name, options = BATCH_MODEL
+    WORKDIR.mkdir(parents=True, exist_ok=True)
+    graph_path = WORKDIR / f"{name}.graph.json"
+    out = run_worker({"mode": "trace", "workload": name, "options": options, "key": None, "output": str(graph_path)},
+                     workdir=WORKDIR / "trace", timeout_s=1200, env=worker_env("emulated"))
+    if out.status != "ok":
+        raise SystemExit(f"tracing {name} failed: {out.reason}")
+    graph = Graph.from_dict(json.loads(graph_path.read_text())["graph"])
+    budget = derive_emulated_budget(graph)
+    rows = {}
+    for key, config in BATCH_CONFIGS.items():
+        predicted = max_batch(graph, plan_swaps(graph, config), budget, device="cpu").batch
+        request = {"mode": "measure", "workload": name, "options": options, "config": config.to_dict(),
+                   "backend": "emulated", "budget_bytes": budget, "safety_margin": 0.0,
+                   "start_batch": max(1, predicted), "cap": 4096, "warmup": 2, "steps": 3, "seed": 0,
+                   "resolution": 0.05, "max_probes": 6, "probe_warmup": 2, "probe_steps": 2}
+        t0 = time.perf_counter()
+        result = run_worker(request, workdir=WORKDIR / key.replace(" ", "_").replace(",", "").replace("'", ""),
+                            timeout_s=3600, env=worker_env("emulated"))
+        r = result.result or {}
+        rows[key] = {"config": config.to_dict(), "predicted_batch": predicted, "status": result.status,
+                     "batch": r.get("batch_size", 0), "throughput": r.get("throughput", 0.0),
+                     "peak_device_bytes": r.get("peak_device_bytes"), "step_time_median_s": r.get("step_time_median_s"),
+                     "probes": (r.get("search") or {}).get("probes"), "wall_s": round(time.perf_counter() - t0, 1)}
+        print(f"  max batch {key:22s}: {rows[key]['batch']} (predicted {predicted}), "
+              f"{rows[key]['throughput']:.1f} samples/s [{rows[key]['wall_s']:.0f} s]", flush=True)
+    base = rows["no LMS"]
+    summary = {}
+    for key in ("LMS, TF's order", "LMS, memory schedule"):
+        r = rows[key]
+        summary[key] = {"batch_ratio": r["batch"] / base["batch"] if base["batch"] else None,
+                        "throughput_ratio": r["throughput"] / base["throughput"] if base["throughput"] else None}
+    mem = summary["LMS, memory schedule"]
+    return {"model": name, "options": options, "budget_bytes": budget, "rows": rows, "ratios": summary,
+            "within_target": bool(mem["batch_ratio"] and mem["batch_ratio"] >= BATCH_TARGET
+                                  and mem["throughput_ratio"] >= THROUGHPUT_TARGET)}
+
+
+# ---------------------------------------------------------------- CLI
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", nargs="+", choices=("repeat", "cost", "batch"), default=["repeat", "cost", "batch"],
+                        help="which figures to measure (default: all three)")
+    parser.add_argument("--models", nargs="+", choices=list(ZOO), default=list(ZOO),
+                        help="zoo models for the repeatability part")
+    parser.add_argument("--child", type=str, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return 0
+    doc: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    doc.update({"label": LABEL, "device": "emulated (CPU, TF BFC allocator, single-threaded executor)",
+                "targets": {"repeat_spread": REPEAT_TARGET, "pinning_step_time_ratio": COST_TARGET,
+                            "batch_ratio": BATCH_TARGET, "throughput_ratio": THROUGHPUT_TARGET}})
+    t0 = time.perf_counter()
+    if "repeat" in args.parts:
+        print("repeatability (per-step peak, 3 processes):", flush=True)
+        new = repeatability(args.models)
+        kept = [r for r in (doc.get("repeatability") or {}).get("rows", []) if r["model"] not in args.models]
+        rows = sorted(kept + new, key=lambda r: list(ZOO).index(r["model"]))
+        doc["repeatability"] = {"config": REPEAT_CONFIG.to_dict(), "rows": rows,
+                                "all_within_target": all(r["within_target"] for r in rows)}
+    if "cost" in args.parts:
+        print("pinning cost (n_tensors=0, schedule='memory' vs plain):", flush=True)
+        doc["pinning_cost"] = pinning_cost()
+    if "batch" in args.parts:
+        print("max batch under the tuner's default emulated budget:", flush=True)
+        doc["max_batch"] = max_batches()
+    doc["wall_s"] = round(time.perf_counter() - t0, 1)
+    atomic_write_text(RESULTS, json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

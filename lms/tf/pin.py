@@ -1,0 +1,168 @@
+"""Apply a finished `lms.schedule.Schedule` to a TensorFlow graph: one control edge per ordering edge.
+
+The order was decided elsewhere (`lms.schedule.schedule_ops`, no TensorFlow);
+this adds exactly the edges the schedule lists, after `lms.tf.apply.apply_plan`
+inserted the swap ops they may name::
+
+    (a) -> ... (b)          (a) ..> (b)   control edge
+
+The schedule only pins ops that no Grappler or oneDNN rewrite touches
+(`lms.anchor.pinnable_ops`), and nothing is marked ``_grappler_do_not_remove``
+here: the mark puts an op in Grappler's preserve set, which also stops rewrites
+(the swap ops already carry it). Grappler's dependency optimizer may drop a
+pin that the graph already implies, never the order; check with
+`pinned_edges_survived` on `lms.tf.apply.executed_graph_defs`. An edge to an
+emulated swap-in goes to every op of that swap-in without an input inside it
+(the op that takes the trigger).
+
+Before adding anything the edges are checked against the graph being traced:
+every op must be in it (not inside a ``tf.while_loop`` or ``tf.cond`` body:
+those are other functions) and the graph plus the edges must stay acyclic,
+counting the edges tf.function's automatic control dependencies will add when
+the traced function returns (variable reads and writes in program order,
+`lms.schedule.resource_order_edges`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import tensorflow as tf
+
+
+__all__ = ["PinnedSchedule", "apply_schedule", "pinned_edges_survived"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PinnedSchedule:
+    """What `apply_schedule` added: the edges ``(before, after)`` by op name."""
+
+    edges: tuple[tuple[str, str], ...]
+
+
+def _entry_ops(graph: tf.Graph, name: str) -> list[tf.Operation]:
+    """The ops an edge *to* `name` must reach: `name`, or for an emulated swap-in its first ops."""
+    op = graph.get_operation_by_name(name)
+    group = [o for o in graph.get_operations() if o.name.startswith(name + "/")] if name.startswith("lms/swap_in/") \
+        else []
+    if not group:
+        return [op]
+    members = {o.name for o in group} | {name}
+    return [o for o in [*group, op] if not any(t.op.name in members for t in o.inputs)]
+
+
+def apply_schedule(graph: tf.Graph, edges: Iterable[tuple[str, str]]) -> PinnedSchedule:
+    """Add ``(a) ..> (b)`` for every ``(a, b)`` in `edges` (the graph is edited in place).
+
+    Nothing is added unless every edge can be: all checked first.
+
+    Raises:
+        ValueError: an edge names an op that is not in the graph (e.g. one inside
+            a loop or branch body), or the edges would make a cycle with the
+            graph's own data and control edges.
+    """
+    edges = list(edges)
+    resolved: list[tuple[tf.Operation, list[tf.Operation]]] = []
+    for a, b in edges:
+        try:
+            resolved.append((graph.get_operation_by_name(a), _entry_ops(graph, b)))
+        except (KeyError, ValueError):
+            raise ValueError(f"the schedule pins {a!r} -> {b!r}, which is not in the graph being traced "
+                             "(ops inside a tf.while_loop/tf.cond body cannot be pinned)") from None
+    cycle = _cycle_with(graph, [(src, dst) for src, dsts in resolved for dst in dsts])
+    if cycle:
+        raise ValueError(f"the schedule's {len(edges)} ordering edges would make a cycle in the traced graph "
+                         f"through {' -> '.join(cycle[:6])}{' ...' if len(cycle) > 6 else ''}; nothing pinned "
+                         "(use schedule='tf' and no serialization/sync_mode for this step)")
+    for src, dsts in resolved:
+        for dst in dsts:
+            if src not in dst.control_inputs:
+                dst._add_control_input(src)  # noqa: SLF001
+    log.debug("pinned %d ordering edges", len(edges))
+    return PinnedSchedule(tuple(edges))
+
+
+def _resource_edges(graph: tf.Graph) -> list[tuple[tf.Operation, tf.Operation]]:
+    """The edges automatic control dependencies will add between ops that use one resource."""
+    from ..schedule import RESOURCE_READ_TYPES, resource_order_edges
+
+    accesses = [(op.name, t.name, op.type not in RESOURCE_READ_TYPES) for op in graph.get_operations()
+                for t in op.inputs if t.dtype == tf.resource]
+    return [(graph.get_operation_by_name(a), graph.get_operation_by_name(b)) for a, b in resource_order_edges(accesses)]
+
+
+def _cycle_with(graph: tf.Graph, extra: list[tuple[tf.Operation, tf.Operation]]) -> list[str]:
+    """Op names along a cycle of `graph` plus the `extra` edges ``(src, dst)`` and the resource-order edges
+    tf.function will add; empty if acyclic."""
+    extra = extra + _resource_edges(graph)
+    ops = graph.get_operations()
+    index = {op.name: i for i, op in enumerate(ops)}
+    succs: list[list[int]] = [[] for _ in ops]
+    indeg = [0] * len(ops)
+    for i, op in enumerate(ops):
+        for p in {t.op.name for t in op.inputs} | {c.name for c in op.control_inputs}:
+            if p in index:
+                succs[index[p]].append(i)
+                indeg[i] += 1
+    for src, dst in extra:
+        succs[index[src.name]].append(index[dst.name])
+        indeg[index[dst.name]] += 1
+    ready = [i for i, d in enumerate(indeg) if d == 0]
+    seen = 0
+    while ready:
+        i = ready.pop()
+        seen += 1
+        for j in succs[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                ready.append(j)
+    if seen == len(ops):
+        return []
+    left = [i for i, d in enumerate(indeg) if d > 0]  # on a cycle or downstream of one: walk back to a cycle
+    on = set(left)
+    preds: dict[int, int] = {}
+    for i in left:
+        for j in succs[i]:
+            if j in on:
+                preds.setdefault(j, i)
+    path, pos, i = [], {}, left[0]
+    while i not in pos:
+        pos[i] = len(path)
+        path.append(i)
+        i = preds[i]
+    return [ops[k].name for k in reversed(path[pos[i]:])]
+
+
+def pinned_edges_survived(graph_defs: Iterable[Any], edges: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The edges whose order is *not* kept in the optimized graphs (empty: every pin survived).
+
+    An edge is kept when both ops are still there and ``b`` still depends on ``a``
+    (through data or control inputs).
+    """
+    preds: dict[str, set[str]] = {}
+    for gd in graph_defs:
+        nodes = list(gd.node) + [n for f in gd.library.function for n in f.node_def]
+        for n in nodes:
+            preds.setdefault(n.name, set()).update(i.lstrip("^").split(":")[0] for i in n.input)
+    lost = []
+    for a, b in edges:
+        if a not in preds or b not in preds:
+            lost.append((a, b))
+            continue
+        seen, stack, found = set(), [b], False
+        while stack and not found:
+            x = stack.pop()
+            for p in preds.get(x, ()):
+                if p == a:
+                    found = True
+                    break
+                if p not in seen:
+                    seen.add(p)
+                    stack.append(p)
+        if not found:
+            lost.append((a, b))
+    return lost
