@@ -559,14 +559,16 @@ def _place_swap_ins(m: _Model, order: list[int], lead: int) -> list[int]:
     if lead <= 0:
         return order
     out = list(order)
+    pos = {x: k for k, x in enumerate(out)}
     for i in [i for i in order if m.types[i] == SWAP_IN_TYPE]:
-        p = out.index(i)
-        pos = {x: k for k, x in enumerate(out[:p])}
-        floor = max((pos[q] for q in m.preds[i] if q in pos), default=-1)
+        p = pos[i]
+        floor = max((pos[q] for q in m.preds[i]), default=-1)
         target = max(floor + 1, p - lead)
         if target < p:
-            out.pop(p)
-            out.insert(target, i)
+            out[target + 1:p + 1] = out[target:p]  # shift the window right by one
+            out[target] = i
+            for k in range(target, p + 1):
+                pos[out[k]] = k
     return out
 
 

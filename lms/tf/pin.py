@@ -44,11 +44,19 @@ class PinnedSchedule:
     edges: tuple[tuple[str, str], ...]
 
 
-def _entry_ops(graph: tf.Graph, name: str) -> list[tf.Operation]:
+def _swap_in_parts(graph: tf.Graph) -> dict[str, list[tf.Operation]]:
+    """Ops named ``<swap-in>/<part>`` by the swap-in they belong to (emulated swap-ins are several ops)."""
+    parts: dict[str, list[tf.Operation]] = {}
+    for op in graph.get_operations():
+        if op.name.startswith("lms/swap_in/") and "/" in op.name[len("lms/swap_in/"):]:
+            parts.setdefault(op.name.rsplit("/", 1)[0], []).append(op)
+    return parts
+
+
+def _entry_ops(graph: tf.Graph, name: str, parts: dict[str, list[tf.Operation]]) -> list[tf.Operation]:
     """The ops an edge *to* `name` must reach: `name`, or for an emulated swap-in its first ops."""
     op = graph.get_operation_by_name(name)
-    group = [o for o in graph.get_operations() if o.name.startswith(name + "/")] if name.startswith("lms/swap_in/") \
-        else []
+    group = parts.get(name, []) if name.startswith("lms/swap_in/") else []
     if not group:
         return [op]
     members = {o.name for o in group} | {name}
@@ -66,10 +74,11 @@ def apply_schedule(graph: tf.Graph, edges: Iterable[tuple[str, str]]) -> PinnedS
             graph's own data and control edges.
     """
     edges = list(edges)
+    parts = _swap_in_parts(graph)
     resolved: list[tuple[tf.Operation, list[tf.Operation]]] = []
     for a, b in edges:
         try:
-            resolved.append((graph.get_operation_by_name(a), _entry_ops(graph, b)))
+            resolved.append((graph.get_operation_by_name(a), _entry_ops(graph, b, parts)))
         except (KeyError, ValueError):
             raise ValueError(f"the schedule pins {a!r} -> {b!r}, which is not in the graph being traced "
                              "(ops inside a tf.while_loop/tf.cond body cannot be pinned)") from None
