@@ -21,7 +21,7 @@ import dataclasses
 
 from .graph import Graph, Role
 from .plan import SWAP_IN_TYPE, SWAP_OUT_TYPE, Swap, SwapIn, SwapPlan
-from .recompute import GATE_TYPE, RECOMPUTE_PREFIX
+from .recompute import GATE_TYPE, is_gate_op_name
 
 __all__ = ["anchor_triggers", "anchored_trigger", "pinnable_ops", "merged_pairs", "REWRITABLE_TYPES",
            "MERGED_SIBLING_TYPES"]
@@ -168,7 +168,7 @@ def _anchor(graph: Graph, trigger: str, position: dict[str, int]) -> str:
 
 
 def _is_gate(op) -> bool:  # noqa: ANN001
-    return op.type == GATE_TYPE and op.name.startswith(RECOMPUTE_PREFIX)
+    return op.type == GATE_TYPE and is_gate_op_name(op.name)
 
 
 def merged_pairs(graph: Graph) -> tuple[tuple[str, str], ...]:

@@ -60,7 +60,7 @@ from .anchor import anchor_triggers
 from .config import LMSConfig
 from .graph import SHAPE_ONLY_TYPES, Graph, Role
 from .plan import Skip, Swap, SwapIn, SwapPlan, swap_op_name
-from .recompute import RECOMPUTE_PREFIX
+from .recompute import is_recompute_op_name
 
 __all__ = ["plan_swaps", "find_candidates", "SKIPPED_PRODUCER_TYPES"]
 
@@ -171,7 +171,7 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
             continue
         backward = [c for c in graph.data_consumers(t) if graph.ops[c].role is Role.BACKWARD]
         swap_ins: list[SwapIn] = []
-        share = RECOMPUTE_SHARE_LEVELS if config.fuse_swapins and any(c.startswith(RECOMPUTE_PREFIX) for c in backward) \
+        share = RECOMPUTE_SHARE_LEVELS if config.fuse_swapins and any(is_recompute_op_name(c) for c in backward) \
             else None
         for group in _group_consumers(graph, backward, config, gap=share):
             avoid = frozenset(r for c in group for r in clone_readers.get(c, ()))
@@ -298,7 +298,7 @@ def _eligible(graph: Graph, op: str, role: Role, tensor: str) -> bool:
     """
     if graph.ops[op].role is not role or graph.ops[op].type in SHAPE_ONLY_TYPES:
         return False  # shape ops are cheap metadata that Grappler may fold away
-    if op.startswith(RECOMPUTE_PREFIX):
+    if is_recompute_op_name(op):
         # a clone runs right before its readers anyway, and a control edge out of one keeps
         # Grappler from rewriting its chain as it rewrote the original (the last bits differ)
         return False

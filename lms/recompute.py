@@ -8,8 +8,13 @@ clones wait for a *trigger* (a backward op that runs shortly before the
 readers), so the chain runs late, not as soon as its sources exist::
 
     forward:   (conv) -> b -> (mul_1) -> (add_1) -> (relu) -> t -> (next conv)
-    backward:     b -> [.../gate] -> [lms/recompute/t_0/mul_1] -> [.../add_1] -> [.../relu] -> (ReluGrad)
+    backward:     b -> [b-lms_gate_t_0_0] -> [mul_1-lms_recompute_t_0_0] -> [add_1-lms_...] -> [relu-lms_...] -> (ReluGrad)
          (trigger) ......^ control edge
+
+Clones and gates are named after the op whose output they stand in for
+(`recompute_op_name`, `gate_op_name`), so that Grappler, which sorts the inputs
+of commutative ops by name, sees every reader's inputs in the order it sees
+the originals' (as swap-ins, `lms.plan.swap_op_name`).
 
 The clones are ops of the rewritten graph model (`RecomputePlan.rewrite`), with
 backward role: the swap planner then plans swaps of their sources (``b`` above)
@@ -29,21 +34,76 @@ from .graph import Graph, GraphError, Op, Role, Tensor
 from .optypes import never_recomputed
 from .plan import PlanError, Skip
 
-__all__ = ["Clone", "Gate", "Recompute", "RecomputePlan", "recompute_op_name", "RECOMPUTE_PREFIX", "GATE_TYPE"]
+__all__ = ["Clone", "Gate", "Recompute", "RecomputePlan", "recompute_op_name", "gate_op_name", "is_recompute_op_name",
+           "is_gate_op_name", "RECOMPUTE_MARKER", "GATE_MARKER", "GATE_TYPE"]
 
-RECOMPUTE_PREFIX = "lms/recompute/"
+RECOMPUTE_MARKER = "-lms_recompute_"
+GATE_MARKER = "lms_gate_"  # after "-" (a gate of output 0) or ">" (of output k > 0)
 GATE_TYPE = "Identity"
 
 
-def recompute_op_name(tensor: str, group: int, op: str) -> str:
-    """Predictable clone names: ``lms/recompute/<recomputed tensor>_<group>/<forward op>``.
+def _op_part(op: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_./>-]", "_", op)
 
-    ``<recomputed tensor>`` is the tensor name with ``:`` -> ``_`` (as in
-    `lms.plan.swap_op_name`); ``<group>`` numbers its groups of readers.
+
+def _suffix(tensor: str, group: int) -> str:
+    """``<recomputed tensor>_<group>`` with ``:``, ``/`` and ``>`` -> ``_``: no scope separator after the op's name."""
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', tensor.replace(':', '_'))}_{group}"
+
+
+def recompute_op_name(tensor: str, group: int, op: str) -> str:
+    """A clone's name: ``<forward op>-lms_recompute_<recomputed tensor>_<group>``.
+
+    The clone stands in for ``<forward op>`` among its readers' inputs (the
+    recomputed tensor's readers and the chain's next clones), and its name has
+    to sort among a commutative reader's other inputs where the original's did:
+    Grappler sorts them by name and later rewrites take operands by position
+    (see `lms.plan.swap_op_name`). So it starts with the op's name and ``-``, the
+    smallest character TF allows in a name: ``A-lms_recompute_...`` sorts right
+    after ``A`` and before any other input with ``A`` as a prefix (``A/x``,
+    ``A.x``, ``A_1``, ``A:1``). That is exact for output 0 (input key ``A``);
+    for an output ``k > 0`` (key ``A:k``) a clone cannot do better, since one
+    name serves all its outputs (``A-lms_recompute_...:k`` sorts before
+    ``A/x``, ``A0`` where ``A:k`` sorted after): `lms.tf.apply` warns then.
+    The rest never contains ``/``: Grappler names the nodes it rewrites
+    ``<scope>/ArithmeticOptimizer/..._<name>``, ``<scope>`` being everything
+    before the last ``/``, and a clone's rewritten node must get the scope of
+    the original's. ``<recomputed tensor>`` (``:``, ``/`` -> ``_``) and
+    ``<group>`` (its groups of readers) keep the clones of one op in several
+    chains apart (`lms.recompute_planner` bumps ``<group>`` in the rare case
+    that a name is taken).
     """
-    def clean(s: str) -> str:
-        return re.sub(r"[^A-Za-z0-9_./-]", "_", s)
-    return f"{RECOMPUTE_PREFIX}{clean(tensor.replace(':', '_'))}_{group}/{clean(op)}"
+    return f"{_op_part(op)}{RECOMPUTE_MARKER}{_suffix(tensor, group)}"
+
+
+def gate_op_name(tensor: str, group: int, source: str) -> str:
+    """The name of the gate of `source` (``P:k``) in the chain of `tensor`: sorts where ``P:k`` did.
+
+    Output 0 (input key ``P``): ``P-lms_gate_<recomputed tensor>_<group>``,
+    right after ``P`` as for a clone (`recompute_op_name`). Output ``k > 0``
+    (key ``P:k``): ``P>lms_gate_<k>-<recomputed tensor>_<group>``: ``:`` cannot
+    appear in an op name, and ``>`` is the smallest allowed character above
+    it, so the gate sorts after ``P:k`` and the names that precede it (``P``,
+    ``P-..``, ``P.x``, ``P/x``, ``P0..``, ``P:j`` for a smaller ``j``) and before
+    ``P_1``, ``PA..`` that follow it; the ``-`` after ``<k>`` (below any digit)
+    orders gates of ``P:1``, ``P:10``, ``P:2`` as their keys sort.
+    """
+    op, _, output = source.rpartition(":")
+    if not op or not output.isdigit():
+        op, output = source, "0"
+    if output == "0":
+        return f"{_op_part(op)}-{GATE_MARKER}{_suffix(tensor, group)}"
+    return f"{_op_part(op)}>{GATE_MARKER}{output}-{_suffix(tensor, group)}"
+
+
+def is_gate_op_name(name: str) -> bool:
+    """True for a gate's name (`gate_op_name`)."""
+    return f"-{GATE_MARKER}" in name or f">{GATE_MARKER}" in name
+
+
+def is_recompute_op_name(name: str) -> bool:
+    """True for the name of an inserted recompute op: a clone (`recompute_op_name`) or a gate (`gate_op_name`)."""
+    return RECOMPUTE_MARKER in name or is_gate_op_name(name)
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ from .config import LMSConfig
 from .graph import Graph, Role
 from .optypes import RANDOM_TYPES, RECOMPUTABLE_TYPES, never_recomputed
 from .plan import Skip
-from .recompute import Clone, Gate, Recompute, RecomputePlan, recompute_op_name
+from .recompute import Clone, Gate, Recompute, RecomputePlan, gate_op_name, recompute_op_name
 
 __all__ = ["plan_recompute", "MAX_CHAIN_OPS", "TINY_SOURCE_BYTES"]
 
@@ -88,6 +88,7 @@ def plan_recompute(graph: Graph, config: LMSConfig) -> RecomputePlan:
     recomputes: list[Recompute] = []
     skipped: list[Skip] = []
     trigger_config = config.replace(lb=1)
+    used: set[str] = set(graph.ops)
     for t in candidates:
         spec = graph.tensors[t]
         producer = graph.producer(t)
@@ -116,11 +117,21 @@ def plan_recompute(graph: Graph, config: LMSConfig) -> RecomputePlan:
         if anchor != trigger:
             trigger, distance, how = anchor, graph.levels[readers[0]] - graph.levels[anchor], f"{how}+anchored"
         recomputed.add(t)
-        recomputes.append(_recompute(graph, t, readers, chain, 0, trigger, distance, how))
+        group = 0
+        r = _recompute(graph, t, readers, chain, group, trigger, distance, how)
+        while any(n in used for n in _names(r)):  # tensors ``a/b:0`` and ``a_b:0`` cloning one op
+            group += 1
+            r = _recompute(graph, t, readers, chain, group, trigger, distance, how)
+        used.update(_names(r))
+        recomputes.append(r)
     plan = RecomputePlan(recomputes=tuple(recomputes), skipped=tuple(skipped), n_considered=len(candidates))
     log.debug("recompute: %d tensors (%d clones) of %d candidates", plan.n_recomputed, plan.n_clones,
               len(candidates))
     return plan
+
+
+def _names(r: Recompute) -> list[str]:
+    return [g.name for g in r.gates] + [c.name for c in r.clones]
 
 
 def _just_in_time_trigger(graph: Graph, tensor: str, reader: str) -> tuple[str | None, int | None, str]:
@@ -230,7 +241,7 @@ def _recompute(graph: Graph, tensor: str, consumers: tuple[str, ...], chain: lis
             sources.append(u)
             if root and graph.producer(u).type not in _RESIDENT_TYPES:  # a root waits for the trigger
                 if u not in gates:
-                    gate_name = recompute_op_name(tensor, group, f"gate/{u.replace(':', '_')}")
+                    gate_name = gate_op_name(tensor, group, u)
                     gates[u] = Gate(gate_name, u, (trigger,) if trigger else ())
                 inputs.append(gates[u].output)
             else:
@@ -241,7 +252,7 @@ def _recompute(graph: Graph, tensor: str, consumers: tuple[str, ...], chain: lis
             made[t] = clone.output(t)
     if not gates:  # every root reads constants only: gate the first one so the chain still waits
         u = next(u for c in clones for u in c.inputs if u in sources)
-        gate = Gate(recompute_op_name(tensor, group, f"gate/{u.replace(':', '_')}"), u, (trigger,) if trigger else ())
+        gate = Gate(gate_op_name(tensor, group, u), u, (trigger,) if trigger else ())
         gates[u] = gate
         clones = [dataclasses.replace(c, inputs=tuple(gate.output if x == u and c is clones[0] else x
                                                       for x in c.inputs)) for c in clones]

@@ -9,7 +9,7 @@ import pytest
 
 from lms import LMSConfig, PlanError, Role, plan_swaps, rewrite_graph
 from lms.optypes import RECOMPUTABLE_TYPES
-from lms.recompute import RECOMPUTE_PREFIX, Clone, RecomputePlan
+from lms.recompute import Clone, RecomputePlan, gate_op_name, is_gate_op_name, is_recompute_op_name, recompute_op_name
 from lms.recompute_planner import plan_recompute
 from lms.simulator import simulate
 from tests.synthetic import MiB, bn_relu_blocks, chain, residual
@@ -37,11 +37,13 @@ def test_relu_after_batchnorm_is_recomputed_from_the_saved_biasadd(blocks):
         # the consumers read the last clone's output, not the original
         for c in r.consumers:
             assert r.output in rewritten.ops[c].inputs and r.tensor not in rewritten.ops[c].inputs
-        assert r.output.startswith(RECOMPUTE_PREFIX)
+        assert r.output == f"{i}/relu-lms_recompute_{i}_relu_0_0:0" and is_recompute_op_name(r.output)
+        assert [c.name for c in r.clones] == [f"{c.op}-lms_recompute_{i}_relu_0_0" for c in r.clones]
         # the chain's first clone reads its sources through gates that wait for the trigger; the
         # clones themselves carry no control edge (Grappler must see them as it sees the originals)
         (gate,) = r.gates  # constants need no gate
         assert gate.tensor == f"{i}/BiasAdd:0" and gate.control_inputs == (r.trigger,)
+        assert gate.name == f"{i}/BiasAdd-lms_gate_{i}_relu_0_0" and is_gate_op_name(gate.name)
         assert r.clones[0].inputs == (gate.output, f"{i}/bn/scale:0")
         assert not any(c.control_inputs for c in r.clones)
         for gate in r.gates:
@@ -70,7 +72,7 @@ def test_fused_sources_are_swapped_in_once_for_the_clones_and_their_gradient():
         s = swapped[f"block{i}/BiasAdd:0"]
         # one swap-in serves the clone chain and the BatchNorm gradient right after it
         assert len(s.swap_ins) == 1
-        assert set(s.swap_ins[0].consumers) == {f"lms/recompute/block{i}/relu_0_0/gate/block{i}/BiasAdd_0",
+        assert set(s.swap_ins[0].consumers) == {f"block{i}/BiasAdd-lms_gate_block{i}_relu_0_0",
                                                f"gradient_tape/block{i}/bn/mul_1/Mul_1"}
     assert both.swapped_bytes < swap_only.swapped_bytes
     assert both.swapped_bytes + both.recomputed_bytes == swap_only.swapped_bytes
@@ -224,3 +226,49 @@ def test_the_memory_schedule_orders_the_clones_like_any_other_op(blocks):
     # and the simulator runs that order
     result = simulate(g, plan, batch=8, timeline=False)
     assert result.peak_device_bytes > 0
+
+
+# ---- names: Grappler sorts a commutative op's inputs by name (issue 11, issue 15) -----------
+
+_OTHERS = ["gradient_tape/mul_1/Mul", "a", "zeta", "Exp_1", "Exp/x", "Exp.x", "Exp0", "Exp:1", "Exp:2",
+           "Exp:10", "bn/FusedBatchNormV3", "bn/FusedBatchNormV3_1", "bn/FusedBatchNormV3/x", "bn/FusedBatchNormV30",
+           "bn/FusedBatchNormV3:2", "bn/FusedBatchNormV3:10", "mul/x", "lms/swap_out/Exp_0", "Exp-lms_swap_in_1_0"]
+
+
+def _key(tensor: str) -> str:  # a tensor as a GraphDef input: ``op`` for output 0, else ``op:k``
+    return tensor[:-2] if tensor.endswith(":0") else tensor
+
+
+@pytest.mark.parametrize("source", ["Exp:0", "Exp:1", "Exp:2", "bn/FusedBatchNormV3:1", "bn/FusedBatchNormV3:0"])
+def test_gate_names_sort_among_other_inputs_where_the_source_did(source):
+    """A gate stands in for its source among a clone's inputs: it must not move when Grappler sorts them."""
+    name = gate_op_name("block/relu:0", 3, source)
+    # a clone that reads two outputs of one op reads both through gates (next test)
+    others = [o for o in _OTHERS if not o.startswith(source.rpartition(":")[0] + ":") and o != _key(source)]
+    assert [name < o for o in others] == [_key(source) < o for o in others]
+    assert is_gate_op_name(name) and is_recompute_op_name(name) and "/" not in name.rpartition("lms_gate_")[2]
+
+
+def test_gates_of_several_outputs_of_one_op_keep_their_order():
+    keys = ["Exp", "Exp:1", "Exp:10", "Exp:2"]  # sorted as strings
+    names = [gate_op_name("t:0", 0, k if ":" in k else f"{k}:0") for k in keys]
+    assert sorted(names) == names
+    others = [o for o in _OTHERS if not o.startswith("Exp:") and o != "Exp"]
+    for key, name in zip(keys, names):
+        assert [name < o for o in others] == [key < o for o in others]
+
+
+@pytest.mark.parametrize("op", ["Exp", "bn/mul_1", "functional/mha/softmax/Softmax"])
+def test_clone_names_sort_among_other_inputs_where_the_original_did(op):
+    """A clone stands in for its original's output 0 among its readers' inputs (and the next clones')."""
+    name = recompute_op_name("model/block_1/relu:0", 0, op)
+    others = _OTHERS + [f"{op}_1", f"{op}/x", f"{op}:1", f"{op}0", "functional/mha/softmax/Softmax_1"]
+    assert [name < o for o in others] == [op < o for o in others]
+    # no scope separator after the op's name: Grappler's rewritten nodes get the original's scope
+    assert name.startswith(f"{op}-lms_recompute_") and "/" not in name[len(op):]
+    assert is_recompute_op_name(name) and not is_gate_op_name(name)
+
+
+def test_one_op_cloned_in_two_chains_gets_two_names():
+    assert recompute_op_name("a/b:0", 0, "x/y") != recompute_op_name("a/c:0", 0, "x/y")
+    assert recompute_op_name("a:0", 0, "x") != recompute_op_name("a:0", 1, "x")

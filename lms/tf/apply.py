@@ -15,7 +15,13 @@ consumer's inputs in the order it sees them without LMS; `apply_plan` checks it.
 With ``plan.recompute``, recomputed chains are cloned into the backward pass
 first (`_insert_clones`), so the swaps can serve the clones::
 
-    (b) -> [lms/recompute/t_0/gate/b] -> [lms/recompute/t_0/<op>] ... -> t' -> (bwd_op)
+    (b) -> [b-lms_gate_t_0_0] -> [<op>-lms_recompute_t_0_0] ... -> t' -> (bwd_op)
+
+Clones and gates are named after the op they stand in for
+(`lms.recompute.recompute_op_name`, `lms.recompute.gate_op_name`) for the same
+reason. After inserting everything `apply_plan` checks every commutative op
+that reads an inserted op (a swap-in, a clone or a gate; clones read clones)
+and warns when Grappler's sort would put an input in another position.
 
 Edit the graph while it is being built (inside the traced Python function,
 before TensorFlow turns it into a function): `lms.function` and `lms.LMSModel`
@@ -34,7 +40,7 @@ from tensorflow.python.eager import record
 
 from ..anchor import REWRITABLE_TYPES, anchor_triggers  # noqa: F401  (re-exported)
 from ..plan import Swap, SwapIn, SwapPlan
-from ..recompute import GATE_TYPE, RecomputePlan
+from ..recompute import GATE_TYPE, RecomputePlan, is_recompute_op_name
 from .emulate import emulated_swap_in, emulated_swap_out
 
 __all__ = ["apply_plan", "observe_swapped_size", "anchor_triggers", "AppliedPlan", "SWAP_OPS", "HOST_DEVICE",
@@ -61,7 +67,7 @@ class AppliedPlan:
         rerouted_inputs: consumer inputs now reading a swap-in.
         triggers: control edges added (trigger op -> swap-in op).
         swap_ops: ``"device"`` or ``"emulated"``.
-        clones: the inserted recompute ops (``lms/recompute/...``: gates and clones), in plan order.
+        clones: the inserted recompute ops (gates and clones, `lms.recompute.is_recompute_op_name`), in plan order.
     """
 
     swap_outs: tuple[str, ...]
@@ -120,9 +126,10 @@ def apply_plan(graph: tf.Graph, plan: SwapPlan, *, swap_ops: str = "emulated",
     inserted: list[str] = []
     rerouted = triggers = 0
     clones: list[str] = []
+    stands_for: dict[str, str] = {}  # inserted tensor -> the tensor it stands in for
     with graph.as_default(), record.stop_recording():
         if plan.recompute is not None:  # first: the swaps may serve clones
-            clones, n_rerouted, n_triggers = _insert_clones(graph, plan.recompute)
+            clones, n_rerouted, n_triggers = _insert_clones(graph, plan.recompute, stands_for)
             inserted.extend(clones)
             rerouted += n_rerouted
             triggers += n_triggers
@@ -138,16 +145,14 @@ def apply_plan(graph: tf.Graph, plan: SwapPlan, *, swap_ops: str = "emulated",
                                                  bandwidth=bandwidth)
                 swap_ins.append(si.name)
                 inserted.extend(new_ops)
+                stands_for[new_t.name] = t.name
                 for c in consumers:
-                    before = _canonical_order(c)
                     rerouted += _reroute(c, t, new_t)
-                    if _canonical_order(c) != before:
-                        log.warning("LMS: %s reads %s in another position among its inputs after Grappler sorts "
-                                    "them by name; results may differ in the last bits", c.name, si.name)
                 if si.trigger is not None:
                     graph.get_operation_by_name(new_ops[0])._add_control_input(  # noqa: SLF001
                         _op(graph, si.trigger, what=f"trigger of {si.name}"))
                     triggers += 1
+        _check_input_order(graph, stands_for)
     applied = AppliedPlan(tuple(swap_outs), tuple(swap_ins), tuple(inserted), rerouted, triggers, swap_ops,
                           tuple(clones))
     log.debug("applied %d swap-outs, %d swap-ins (%s), %d inputs rerouted", len(swap_outs),
@@ -155,7 +160,8 @@ def apply_plan(graph: tf.Graph, plan: SwapPlan, *, swap_ops: str = "emulated",
     return applied
 
 
-def _insert_clones(graph: tf.Graph, recompute: RecomputePlan) -> tuple[list[str], int, int]:
+def _insert_clones(graph: tf.Graph, recompute: RecomputePlan,
+                   stands_for: dict[str, str]) -> tuple[list[str], int, int]:
     """Clone each chain of `recompute` into the backward pass and reroute its readers.
 
     For a tensor ``t`` rebuilt by the chain ``(m) -> (a) -> (r)`` from the source ``b``::
@@ -178,6 +184,8 @@ def _insert_clones(graph: tf.Graph, recompute: RecomputePlan) -> tuple[list[str]
     shows which survived. A clone with a control input is rewritten differently
     too (a tanh-GELU's ``Pow(x, 3)``): hence the gates.
 
+    Records in `stands_for` which tensor each gate's and clone's output stands in for.
+
     Returns:
         (clone names, inputs rerouted, trigger edges added).
     """
@@ -199,6 +207,7 @@ def _insert_clones(graph: tf.Graph, recompute: RecomputePlan) -> tuple[list[str]
                 op._add_control_input(_op(graph, c, what=f"trigger of {gate.name}"))  # noqa: SLF001
                 triggers += 1
             made[gate.output] = op.outputs[0]
+            stands_for[op.outputs[0].name] = source.name
             names.append(op.name)
         for clone in r.clones:
             original = _op(graph, clone.op, what=f"forward op recomputed for {r.tensor}")
@@ -217,6 +226,7 @@ def _insert_clones(graph: tf.Graph, recompute: RecomputePlan) -> tuple[list[str]
                 triggers += 1
             for i, t in enumerate(original.outputs):
                 made[clone.output(t.name)] = op.outputs[i]
+                stands_for[op.outputs[i].name] = t.name
             names.append(op.name)
         new_t = made[r.output]
         old_t = _tensor(graph, r.tensor)
@@ -300,17 +310,47 @@ def _reroute(consumer: tf.Operation, old: tf.Tensor, new: tf.Tensor) -> int:
     return len(indices)
 
 
-def _canonical_order(op: tf.Operation) -> list[int] | None:
-    """Positions of `op`'s data inputs once Grappler sorts them (commutative ops only; else None).
+def _input_key(name: str) -> str:
+    """A tensor name as a GraphDef input: ``op`` for output 0, else ``op:k``."""
+    return name[:-2] if name.endswith(":0") else name
 
-    Grappler's ``CanonicalizeNode`` sorts a commutative op's inputs by their
-    names (``op`` or ``op:k``) before optimizing; which input ends up first
-    decides how its rewrites reassociate ``a * b * c``.
+
+def _sorted_inputs(names: list[str]) -> list[str]:
+    """Tensor names in the order Grappler's ``CanonicalizeNode`` puts them as a commutative op's inputs.
+
+    It sorts the inputs' names (``op`` or ``op:k``) before optimizing; which
+    input ends up first decides how its rewrites reassociate ``a * b * c``.
     """
-    if not op.op_def.is_commutative:
-        return None
-    keys = [t.op.name if t.value_index == 0 else f"{t.op.name}:{t.value_index}" for t in op.inputs]
-    return sorted(range(len(keys)), key=keys.__getitem__)
+    return sorted(names, key=_input_key)
+
+
+def _check_input_order(graph: tf.Graph, stands_for: dict[str, str]) -> None:
+    """Warn for each commutative op that reads an inserted op in another sorted position than the original.
+
+    For every commutative op reading a swap-in, a clone or a gate (clones
+    included), the inputs sorted by their names must be, input for input, the
+    tensors they stand in for sorted by theirs (what Grappler sees without LMS).
+    """
+    def original(name: str) -> str:
+        while name in stands_for:  # a swap-in may serve a gate: follow to the forward tensor
+            name = stands_for[name]
+        return name
+
+    readers: dict[str, tf.Operation] = {}
+    for name in stands_for:
+        for op in graph.get_tensor_by_name(name).consumers():
+            readers.setdefault(op.name, op)
+    for op in readers.values():
+        if not op.op_def.is_commutative:
+            continue
+        names = [t.name for t in op.inputs]
+        got = [original(n) for n in _sorted_inputs(names)]
+        if got != _sorted_inputs([original(n) for n in names]):
+            moved = [n for n, o in zip(_sorted_inputs(names), _sorted_inputs([original(n) for n in names]))
+                     if n in stands_for and original(n) != o]
+            log.warning("LMS: %s reads %s in another position among its inputs after Grappler sorts them by name; "
+                        "results may differ in the last bits", op.name,
+                        ", ".join(dict.fromkeys(n.rsplit(":", 1)[0] for n in moved)) or "an inserted op")
 
 
 def _protect(op: tf.Operation) -> None:
@@ -386,11 +426,11 @@ def swap_op_names(graph_def: Any) -> list[str]:
 
 
 def clone_op_names(graph_def: Any) -> list[str]:
-    """Names of the ``lms/recompute/...`` clones of a GraphDef (and its library)."""
+    """Names of the recompute clones and gates (`lms.recompute.is_recompute_op_name`) of a GraphDef (and its library)."""
     names = [n.name for n in graph_def.node]
     for fdef in graph_def.library.function:
         names.extend(n.name for n in fdef.node_def)
-    return [n for n in names if n.startswith("lms/recompute/")]
+    return [n for n in names if is_recompute_op_name(n)]
 
 
 def optimized_graph_def(concrete_fn: Any) -> Any:

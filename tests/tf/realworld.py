@@ -35,6 +35,10 @@ CONFIGS: dict[str, tuple[dict, bool]] = {
         {"lb": 3, "fuse_swapins": True, "swap_branches": True, "branch_threshold": 2}, False),
     "direct_order-lb2-emulated": ({"ctrld_strategy": "direct_order", "lb": 2}, True),
     "direct_order-fused-device": ({"ctrld_strategy": "direct_order", "fuse_swapins": True}, False),
+    # the order pinned by the memory schedule, with cheap tensors recomputed instead of swapped
+    "memory-recompute-emulated": ({"schedule": "memory", "recompute": "cheap"}, True),
+    "recompute-lb2-device": ({"recompute": "cheap", "lb": 2}, False),
+    "memory-sync1-fused-device": ({"schedule": "memory", "sync_mode": 1, "fuse_swapins": True}, False),
 }
 
 
@@ -473,22 +477,44 @@ def mirrored_worker() -> dict[str, Any]:
         with strategy.scope():
             return fit.run(enable)
 
+    import logging
+
+    class Moved(logging.Handler):  # lms.tf.apply's warnings that an inserted op sorts to another position
+        def __init__(self) -> None:
+            super().__init__(logging.WARNING)
+            self.seen: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if "another position" in record.getMessage():
+                self.seen.append(record.getMessage())
+
+    moved = Moved()
+    logging.getLogger("lms.tf.apply").addHandler(moved)
+
+    def replica(name: str) -> str:
+        return "replica_1" if name.startswith("replica_1/") else "replica_0"
+
     out: dict[str, Any] = {}
     loop_base, _ = loop.run(tf.function)
     fit_base, _ = fit_run(None)
     for name in CONFIGS:
         config, emulate = lms_config(name)
+        moved.seen = []
         got, step = loop.run(lambda f: lms.function(f, config=config, emulate=emulate))
         out[f"mirrored_loop/{name}"] = {
             "differences": loop_base.differences(got), "n_swapped": step.summary.n_swapped,
+            "recomputed": list(step.summary.recomputed), "moved_inputs": moved.seen,
             "batch_size": step.summary.batch_size,
-            "devices": sorted({"replica_1" if s.tensor.startswith("replica_1/") else "replica_0"
-                               for s in step.summary.swapped}),
-            "cross_replica_triggers": sum(("replica_1/" in (si.trigger or "")) != ("replica_1/" in si.consumers[0])
-                                          for s in step.plan.swaps for si in s.swap_ins)}
+            "devices": sorted({replica(s.tensor) for s in step.summary.swapped}),
+            "recomputed_devices": sorted({replica(t) for t in step.summary.recomputed}),
+            # swap-ins with a trigger (a pinned memory schedule drops them: its pins order the swap-ins)
+            "cross_replica_triggers": sum(("replica_1/" in si.trigger) != ("replica_1/" in si.consumers[0])
+                                          for s in step.plan.swaps for si in s.swap_ins if si.trigger)}
+        moved.seen = []
         got, model_ = fit_run(lambda m: lms.enable_lms(m, config, emulate=emulate))
         out[f"mirrored_fit/{name}"] = {"differences": fit_base.differences(got),
-                                       "n_swapped": model_.lms.summary.n_swapped}
+                                       "n_swapped": model_.lms.summary.n_swapped,
+                                       "recomputed": list(model_.lms.summary.recomputed), "moved_inputs": moved.seen}
     return out
 
 

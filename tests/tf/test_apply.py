@@ -401,3 +401,43 @@ def test_a_commutative_consumer_keeps_its_sorted_input_order(swap_in_name, moves
     warned = [r.getMessage() for r in caplog.records if "another position" in r.getMessage()]
     assert warned == ([f"LMS: gradient_tape/mul reads {swap_in_name} in another position among its inputs after "
                        "Grappler sorts them by name; results may differ in the last bits"] if moves else [])
+
+
+@pytest.mark.parametrize("naming,moves", [("stand-in", False), ("lms/recompute", True)])
+def test_commutative_readers_of_clones_and_gates_keep_their_sorted_input_order(naming, moves, caplog):
+    """Clones and gates stand in for forward tensors among commutative inputs too (issue 15).
+
+    ``Exp = exp(m)``, ``m = x * w`` recomputed for ``gradient_tape/mul = g * Exp``:
+    the clone of ``m`` reads a gate of ``x`` (sorted: ``w`` < ``x``), and the
+    reader reads the clone of ``Exp`` (sorted: ``Exp`` < ``gradient_tape/g``).
+    Names under ``lms/recompute/`` (issue 15's first names) put both in the other position.
+    """
+    from tensorflow.python.framework import func_graph
+
+    from lms.recompute import Clone, Gate, Recompute, RecomputePlan, gate_op_name, recompute_op_name
+
+    graph = func_graph.FuncGraph("order")
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2, 3], name="x")
+        w = tf.compat.v1.placeholder(tf.float32, [2, 3], name="w")
+        e = tf.exp(tf.multiply(x, w, name="m"), name="Exp")
+        g = tf.identity(x * 2.0, name="gradient_tape/g")
+        mul = tf.multiply(g, e, name="gradient_tape/mul")
+    if moves:
+        gate, clone_m, clone_e = "lms/recompute/Exp_0_0/gate/x_0", "lms/recompute/Exp_0_0/m", "lms/recompute/Exp_0_0/Exp"
+    else:
+        gate, clone_m, clone_e = (gate_op_name("Exp:0", 0, "x:0"), recompute_op_name("Exp:0", 0, "m"),
+                                  recompute_op_name("Exp:0", 0, "Exp"))
+    r = Recompute("Exp:0", ("gradient_tape/mul",),
+                  (Clone(clone_m, "m", (f"{gate}:0", "w:0")), Clone(clone_e, "Exp", (f"{clone_m}:0",))),
+                  ("x:0", "w:0"), None, 24, gates=(Gate(gate, "x:0"),))
+    plan = SwapPlan(config=LMSConfig(), swaps=(), recompute=RecomputePlan(recomputes=(r,)))
+    with caplog.at_level("WARNING", logger="lms.tf.apply"):
+        applied = apply_plan(graph, plan, swap_ops="device")
+    assert applied.clones == (gate, clone_m, clone_e)
+    assert [t.op.name for t in mul.op.inputs] == ["gradient_tape/g", clone_e]
+    warned = {r.getMessage() for r in caplog.records if "another position" in r.getMessage()}
+    assert warned == ({f"LMS: {clone_m} reads {gate} in another position among its inputs after Grappler sorts "
+                       "them by name; results may differ in the last bits",
+                       f"LMS: gradient_tape/mul reads {clone_e} in another position among its inputs after "
+                       "Grappler sorts them by name; results may differ in the last bits"} if moves else set())
