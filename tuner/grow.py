@@ -176,6 +176,7 @@ def _value_settings(settings: SearchSettings, value: int, *, budget: int | None,
         settings, study=study, studies_dir=studies_dir, storage=storage,
         model_options={**settings.model_options, option: value}, budget_bytes=budget, budget_source=budget_source,
         grow=None, workload=workload, trials=1 if baseline_only else settings.trials,
+        notes=tuple(n for n in settings.notes if option not in n),  # e.g. the emulated default image_size
         screen_trials=0 if baseline_only else settings.screen_trials)
 
 

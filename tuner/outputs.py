@@ -327,7 +327,9 @@ def write_outputs(study_dir: Path, *, main: Any, screen: Any | None, settings: "
             fallback = ("no config was confirmed by a real run yet: these figures are PREDICTED by the "
                         f"simulator; {measure_advice}")
     if chosen is None:
-        log.warning("no feasible config yet: recommended.json not written")
+        # at a fixed batch (and each value of --grow) nothing fitting is an answer, said by the caller
+        (log.info if settings.batch is not None else log.warning)(
+            "no feasible config yet: recommended.json not written")
         return None, None, csv_path
     doc = build_recommendation(study=main.study_name, chosen=chosen, front=front, trials=trials, settings=settings,
                                budget_bytes=budget_bytes, budget_source=budget_source, usable_bytes=usable_bytes,
