@@ -140,6 +140,9 @@ def as_config(config: Any) -> LMSConfig:
     if isinstance(config, Mapping):
         return LMSConfig.from_dict(config)
     if isinstance(config, (str, os.PathLike)):
+        if not os.path.isfile(config):
+            raise ValueError(f"config {str(config)!r} is not an lms.LMSConfig, a dict of its fields or an existing "
+                             "config file")
         return LMSConfig.load(config)
     raise ValueError("config must be an lms.LMSConfig, a dict of its fields or a config file's path, got "
                      f"{type(config).__name__}")
