@@ -644,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-bfc", action="store_true", help="skip the BFC-allocator replays (P100 profile)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS, help="where to write paper_table.{json,md}")
     parser.add_argument("--cache", type=Path, default=CACHE, help="where traced graphs are cached")
+    parser.add_argument("--no-resolution", action="store_true",
+                        help="skip TFLMS v2's resolution row (benchmarks/resolution.py; with the unet3d row)")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     budget = int(args.budget_gib * GiB)
@@ -662,7 +664,13 @@ def main(argv: list[str] | None = None) -> int:
                     wall_s=time.perf_counter() - t0)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     text = markdown(doc, rows)
-    atomic_write_text(args.out_dir / "paper_table.json", json.dumps(to_json(doc, rows), indent=1) + "\n")
+    table = to_json(doc, rows)
+    if "unet3d" in args.rows and not args.no_resolution:  # TFLMS v2's row: the largest cube at batch 1
+        import resolution
+
+        table["resolution"] = resolution.resolution_row(budget_bytes=budget, device=BFC_DEVICE)
+        text += "\n" + "\n".join(resolution.markdown_lines(table["resolution"]))
+    atomic_write_text(args.out_dir / "paper_table.json", json.dumps(table, indent=1, default=str) + "\n")
     atomic_write_text(args.out_dir / "paper_table.md", text)
     print(text)
     return 0

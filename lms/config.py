@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import tempfile
@@ -53,6 +54,8 @@ SYNC_MODES = (0, 1, 2, 3)
 RECOMPUTE_MODES = ("none", "cheap")
 #: Integer fields stay below this (a 400-digit count is a typo, and TF's attributes are 32-bit).
 MAX_INT = 2**31
+log = logging.getLogger(__name__)
+
 #: Schemas of documents that embed an LMS config under "config": schema -> the version read.
 _DOCUMENT_SCHEMAS: dict[str, int] = {}
 _ENTRY_POINTS_TRIED: set[str] = set()
@@ -318,6 +321,9 @@ class LMSConfig:
     def load(cls, path: str | os.PathLike[str]) -> "LMSConfig":
         """Read a config file, or the ``config`` of a registered document (a tuner ``recommended.json``).
 
+        A document's optional ``"tuned_for"`` object (the tuner writes the batch size, and
+        the model option it grew) is logged at INFO: the config was chosen for that setting.
+
         Raises:
             FileNotFoundError: the file does not exist.
             ValueError: not a regular file (a FIFO, a device, a folder), larger
@@ -333,9 +339,14 @@ class LMSConfig:
         except RecursionError:
             raise ValueError(f"{path}: not valid JSON (nested too deeply)") from None
         try:
-            return cls.from_document(doc)
+            config = cls.from_document(doc)
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
+        tuned_for = doc.get("tuned_for")
+        if isinstance(tuned_for, dict) and tuned_for:
+            said = ", ".join(f"{'batch' if k == 'batch_size' else k} {v}" for k, v in tuned_for.items())
+            log.info("LMS config from %s was tuned for %s", path, said)
+        return config
 
     @classmethod
     def from_document(cls, doc: Any) -> "LMSConfig":

@@ -97,6 +97,16 @@ def test_load_reads_a_recommendation(tmp_path):
     assert LMSConfig.load(tmp_path / "recommended.json") == LMSConfig(n_tensors=10, lb=3)
 
 
+def test_load_logs_what_a_recommendation_was_tuned_for(tmp_path, caplog):
+    doc = {"schema": "tuner.recommendation", "schema_version": 1, "batch_size": 32,
+           "tuned_for": {"batch_size": 32, "image_size": 512}, "config": {"n_tensors": -1, "lb": 4}}
+    (tmp_path / "recommended.json").write_text(json.dumps(doc))
+    with caplog.at_level("INFO", logger="lms.config"):
+        assert LMSConfig.load(str(tmp_path / "recommended.json")) == LMSConfig(lb=4)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"LMS config from {tmp_path / 'recommended.json'} was tuned for batch 32, image_size 512"]
+
+
 @pytest.mark.parametrize("text, message", [
     ('{"schema": "lms.config", "schema_version": 1, "config": {"n_tensors": 3', "not valid JSON"),
     ('[1, 2]', "expected a JSON object"),

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from lms.sim.opcosts import OpCosts
 
 __all__ = ["Measurement", "Probe", "BatchSearchResult", "usable_bytes", "search_max_batch",
-           "Prediction", "predict_max_batch"]
+           "Prediction", "predict_max_batch", "predict_at_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -278,3 +278,24 @@ def predict_max_batch(graph: "Graph", config: "LMSConfig", budget_bytes: int, *,
             slope = (peak - half.peak_device_bytes) / (batch - max(1, batch // 2))
     return Prediction(batch, peak, step_time, throughput, slope_bytes_per_sample=slope,
                       n_swapped=r.n_swapped, capped=capped)
+
+
+def predict_at_batch(graph: "Graph", config: "LMSConfig", budget_bytes: int, *, batch: int,
+                     device: "DeviceProfile | str | None", allocator: str = "exact",
+                     op_costs: "OpCosts | None" = None) -> Prediction:
+    """Simulated peak and throughput of `config` at a fixed `batch` (``--batch``; no TensorFlow).
+
+    Feasible when the simulated peak (live bytes, or TF's BFC allocator replayed
+    with ``allocator="bfc"``) fits `budget_bytes`; then ``batch`` is `batch`. When
+    it does not fit, ``batch`` is 0 and ``min_bytes`` the peak it needs at `batch`.
+    """
+    from lms.simulator import simulate
+
+    if allocator not in ("exact", "bfc"):
+        raise ValueError(f"allocator={allocator!r}: allowed values are 'exact', 'bfc'")
+    r = simulate(graph, config, batch=batch, device=device, timeline=False, allocator=allocator, op_costs=op_costs)
+    peak = int(r.peak_device_bytes)
+    if peak > budget_bytes:
+        return Prediction(0, peak, r.step_time_s, 0.0, min_bytes=peak, n_swapped=r.n_swap_outs,
+                          reason=f"simulator: batch {batch} needs {_mib(peak)} > {_mib(budget_bytes)} with this config")
+    return Prediction(batch, peak, r.step_time_s, r.throughput, n_swapped=r.n_swap_outs)

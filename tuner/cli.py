@@ -214,6 +214,14 @@ def _add_search(sub: Any) -> None:
                    help="fraction of the budget kept free (default: %(default)s)")
     p.add_argument("--max-batch", type=_positive_int, default=4096, metavar="N",
                    help="largest batch considered (default: %(default)s)")
+    p.add_argument("--batch", type=_positive_int, default=None, metavar="N",
+                   help="a fixed batch: find the fastest LMS config whose peak fits the budget at batch N "
+                        "(default: find the largest batch)")
+    p.add_argument("--grow", type=str, default=None, metavar="OPTION",
+                   help="with --batch: the largest value of this integer model option (one the workload declares "
+                        "growable: image_size for resnet50, input_size for unet3d, seq_len for gpt2_small) whose "
+                        "best LMS config fits at batch N, against the largest without LMS; --model-option "
+                        "OPTION=V sets the first value tried")
     p.add_argument("--sampler", choices=("tpe", "nsga2", "random"), default="tpe",
                    help="Optuna sampler (default: %(default)s)")
     p.add_argument("--prefer", choices=("batch", "throughput"), default="batch",
@@ -327,6 +335,11 @@ def build_search_settings(args: argparse.Namespace) -> Any:
     from .settings import SearchSettings
 
     notes: list[str] = []
+    if args.grow is not None and args.batch is None:
+        raise BadInput(f"--grow {args.grow} needs --batch N: the option is grown at a fixed batch")
+    if args.batch is not None and args.batch > args.max_batch:
+        raise BadInput(f"--batch {args.batch} is larger than --max-batch {args.max_batch}; give a smaller --batch "
+                       "or a larger --max-batch")
     name = args.backend
     if name is None:
         name, why = default_backend()
@@ -340,6 +353,12 @@ def build_search_settings(args: argparse.Namespace) -> Any:
     storage = resolve_storage(args.storage, study, studies_dir=args.studies_dir)
     check_reachable(storage, create=True)
     desc = _load_workload_desc(args.model, options)
+    if args.grow is not None:
+        growable = desc.get("growable") or {}
+        if args.grow not in growable:
+            raise BadInput(f"--grow {args.grow}: model {args.model} does not declare {args.grow!r} growable; "
+                           + (f"growable: {', '.join(sorted(growable))}" if growable else "it declares no option "
+                              "growable (a Workload's growable={option: step})"))
     small = backend.max_image_size
     if small is not None and "image_size" not in options:
         size = (desc.get("options") or {}).get("image_size")
@@ -369,7 +388,7 @@ def build_search_settings(args: argparse.Namespace) -> Any:
         trial_timeout_s=args.trial_timeout or 600.0, seed=args.seed, steps=args.steps, warmup=args.warmup,
         safety_margin=args.safety_margin, max_batch=args.max_batch, sampler=args.sampler, prefer=args.prefer,
         min_throughput_ratio=args.min_throughput_ratio, gpu=args.gpu, gpus=chosen.gpus, workers=chosen.workers,
-        workload=desc, notes=tuple(notes))
+        batch=args.batch, grow=args.grow, workload=desc, notes=tuple(notes))
     stored = _stored_settings(storage, study)
     from .settings import study_settings_conflict
 
@@ -400,6 +419,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     from .search import run_search
 
     settings = build_search_settings(args)  # BadInput: one line, exit 2, nothing logged before it
+    if settings.grow is not None:
+        return _grow(args, settings)
     try:
         outcome = run_search(settings, progress=Progress(disabled=True if args.quiet else None))
     except SearchError as exc:
@@ -445,6 +466,8 @@ def _search_failure(settings: Any, outcome: Any) -> str:
         what = "before any config was evaluated" if evaluated == 0 else "before any config was measured to fit"
         return (f"the time limit ({limit}) ran out {what} in study {settings.study} ({evaluated} trials); give a "
                 f"longer --timeout (0: no limit) and run again")
+    if outcome.no_fit:
+        return no_fit_message(outcome.no_fit, study=settings.study)
     failed = {s: n for s, n in statuses.items() if s in ("error", "timeout", "killed")}
     shown = ", ".join(f"{n} {s}" for s, n in sorted(failed.items()))
     predicted = (f"; {outcome.recommended_path} holds the simulator's PREDICTED pick only" if rec is not None else "")
@@ -457,6 +480,41 @@ def _search_failure(settings: Any, outcome: Any) -> str:
                 f"({outcome.running_elsewhere}); see their results with '{PROG} best --study {settings.study}'")
     return (f"no config fits the budget in study {settings.study} ({evaluated} trials"
             + (f": {shown}" if shown else "") + f"){predicted}; see {outcome.trials_csv}")
+
+
+def no_fit_message(no_fit: Any, *, study: str) -> str:
+    """``--batch N`` and no config fits: the smallest peak found and the batch that config would fit."""
+    knobs = " ".join(f"{k}={v}" for k, v in no_fit["config"].items() if k in KNOB_TABLE.columns)
+    fits = (f"batch {no_fit['fits_batch']} would fit with that config ({no_fit['fits_batch_source']})"
+            if no_fit.get("fits_batch") else "that config does not fit even batch 1 "
+            f"({no_fit['fits_batch_source']})")
+    return (f"no LMS config fits batch {no_fit['batch']} in study {study}: the smallest peak found is "
+            f"{format_bytes(no_fit['smallest_peak_bytes'])} ({knobs}; {no_fit['peak_source']}); {fits}")
+
+
+def _grow(args: argparse.Namespace, settings: Any) -> int:
+    """``search --batch N --grow OPTION``: the largest option value that fits, with and without LMS."""
+    from .errors import SearchError
+    from .grow import format_grow, run_grow
+    from .progress import Progress
+
+    try:
+        outcome = run_grow(settings, progress=Progress(disabled=True if args.quiet else None))
+    except SearchError as exc:
+        _err(f"search failed: {exc}")
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        _err("interrupted: the values evaluated so far are kept; run the same command again to resume")
+        return EXIT_FAILURE
+    if outcome.recommendation is None:
+        _err(format_grow(outcome.doc))
+        return EXIT_FAILURE
+    if args.json:
+        print(json.dumps(outcome.recommendation, indent=2, default=str))
+    else:
+        print(format_grow(outcome.doc))
+        print(f"wrote {outcome.recommended_path} and {outcome.grow_path}")
+    return EXIT_OK
 
 
 def _stopped_early(settings: Any, outcome: Any) -> str:

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RECOMMENDATION_SCHEMA", "SCHEMA_VERSION", "source_label", "feasible_trials", "pareto_front",
-    "select_recommendation", "build_recommendation", "trials_rows", "write_trials_csv", "write_outputs",
+    "select_recommendation", "throughput_peak_front", "build_recommendation", "trials_rows", "write_trials_csv", "write_outputs",
     "read_recommendation", "format_recommendation",
 ]
 
@@ -96,6 +96,21 @@ def select_recommendation(trials: Sequence[Any], *, prefer: str = "batch",
     return max(eligible, key=lambda t: (t.values[0], t.values[1])), front
 
 
+def throughput_peak_front(trials: Sequence[Any]) -> list[Any]:
+    """At a fixed batch: the feasible trials no other beats on both throughput (higher) and peak (lower), fastest first."""
+    def point(t: Any) -> tuple[float, float]:
+        return float(t.user_attrs.get("throughput") or 0.0), float(t.user_attrs.get("peak_device_bytes") or 0)
+
+    front = [t for t in trials if not any(dominates(point(o), point(t), maximize=(True, False)) for o in trials)]
+    seen: set[tuple[float, float]] = set()
+    out = []
+    for t in sorted(front, key=lambda t: (-point(t)[0], point(t)[1], t.number)):
+        if point(t) not in seen:
+            seen.add(point(t))
+            out.append(t)
+    return out
+
+
 def _baseline(trials: Iterable[Any]) -> Any | None:
     for t in sorted(trials, key=lambda t: t.number):
         cfg = t.user_attrs.get("config") or {}
@@ -145,10 +160,11 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
         "predicted": {"batch_size": a.get("predicted_batch"), "throughput": a.get("predicted_throughput"),
                       "peak_device_bytes": a.get("predicted_peak_bytes"), "device_profile": settings.device},
         "trial": chosen.number,
+        "goal": settings.goal.describe(),
+        "tuned_for": {"batch_size": int(a["batch_size"])},
         "selection": {"prefer": settings.prefer, "min_throughput_ratio": settings.min_throughput_ratio,
-                      "rule": ("largest batch on the Pareto front with throughput >= "
-                               f"{settings.min_throughput_ratio:g} x the front's best"
-                               if settings.prefer == "batch" else "highest throughput on the Pareto front")},
+                      "rule": settings.goal.rule(prefer=settings.prefer,
+                                                 min_throughput_ratio=settings.min_throughput_ratio)},
         "environment": {**dict(environment),
                         **({"worker_tensorflow": a["tensorflow"]} if a.get("tensorflow") else {}),
                         **({"worker_device": a["device"]} if a.get("device") else {})},
@@ -172,6 +188,11 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
         if b["batch_size"] and b["throughput"]:
             doc["gain_vs_baseline"] = {"batch_size_ratio": round(doc["batch_size"] / b["batch_size"], 3),
                                        "throughput_ratio": round(doc["throughput"] / b["throughput"], 3)}
+    if settings.batch is not None:
+        doc["at_batch"] = [
+            {"trial": t.number, "config": t.user_attrs["config"], **_figures(t),
+             "measured": bool(t.user_attrs.get("measured"))}
+            for t in throughput_peak_front(feasible_trials(trials))]
     doc["pareto_front"] = [
         {"trial": t.number, "config": t.user_attrs["config"], **_figures(t), "measured": bool(t.user_attrs.get("measured")),
          "source": source_label(settings.backend, measured=bool(t.user_attrs.get("measured")),
@@ -203,6 +224,9 @@ def format_recommendation(doc: Mapping[str, Any]) -> str:
         f"(usable {format_bytes(doc.get('usable_bytes'))})",
         *([f"  budget: {doc['budget_source']}"] if doc.get("budget_source") not in (None, "", "--budget") else []),
         f"recommended LMS config: {knobs}" + ("  (LMS off)" if cfg.get("n_tensors") == 0 else ""),
+        *([f"  tuned for    " + ", ".join(f"{k}={v}" for k, v in doc["tuned_for"].items())
+           + ("  (fixed by --batch: the fastest config that fits)" if (doc.get("goal") or {}).get("batch") else "")]
+          if doc.get("tuned_for") else []),
         f"  batch size   {doc['batch_size']:<12d} {src}",
         f"  throughput   {doc['throughput']:<12.1f} samples/s, {doc['sources']['throughput']}",
         f"  peak memory  {format_bytes(doc.get('peak_device_bytes')):<12} {doc['sources']['peak_device_bytes']}",
@@ -219,8 +243,13 @@ def format_recommendation(doc: Mapping[str, Any]) -> str:
                      f"{format_bytes(base.get('peak_device_bytes'))}  {base['source']}"
                      + (f"  -> batch x{gain['batch_size_ratio']:.2f}, throughput x{gain['throughput_ratio']:.2f}"
                         if gain else ""))
+    at_batch = doc.get("at_batch") or []
+    if at_batch:
+        lines.append(f"  at batch {doc['batch_size']}, throughput vs peak (fastest first): "
+                     + ", ".join(f"({p['throughput']:.1f}/s, {format_bytes(p.get('peak_device_bytes'))})"
+                                 for p in at_batch))
     front = doc.get("pareto_front") or []
-    if len(front) > 1:
+    if len(front) > 1 and not at_batch:
         lines.append("  Pareto front (batch, samples/s): "
                      + ", ".join(f"({p['batch_size']}, {p['throughput']:.1f})" for p in front))
     for note in doc.get("notes") or ():
@@ -298,7 +327,9 @@ def write_outputs(study_dir: Path, *, main: Any, screen: Any | None, settings: "
             fallback = ("no config was confirmed by a real run yet: these figures are PREDICTED by the "
                         f"simulator; {measure_advice}")
     if chosen is None:
-        log.warning("no feasible config yet: recommended.json not written")
+        # at a fixed batch (and each value of --grow) nothing fitting is an answer, said by the caller
+        (log.info if settings.batch is not None else log.warning)(
+            "no feasible config yet: recommended.json not written")
         return None, None, csv_path
     doc = build_recommendation(study=main.study_name, chosen=chosen, front=front, trials=trials, settings=settings,
                                budget_bytes=budget_bytes, budget_source=budget_source, usable_bytes=usable_bytes,

@@ -93,6 +93,8 @@ class MeasureRequest(_Message):
         backend: the backend's name (`tuner.backends.get_backend` in the worker).
         usable_bytes: the budget a batch must fit, safety margin already taken off.
         start_batch / cap: first probe and largest batch.
+        fixed_batch: measure at `start_batch` only (``--batch``): one timed run, no batch search;
+            a peak over `usable_bytes` makes the config infeasible there.
         slope_bytes_per_sample: the simulator's, to aim the next probe.
         resolution / max_probes: when the batch search stops.
         probe_warmup / probe_steps: steps per probe; warmup / steps: of the timed run.
@@ -108,6 +110,7 @@ class MeasureRequest(_Message):
     options: Mapping[str, Any] = field(default_factory=dict)
     start_batch: int = 1
     cap: int = 4096
+    fixed_batch: bool = False
     slope_bytes_per_sample: float | None = None
     warmup: int = 2
     steps: int = 5

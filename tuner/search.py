@@ -66,6 +66,9 @@ class SearchOutcome:
     stop_reason: str = ""  # why it stopped early: see `optimize` (``time limit``, ``others``, ``space``, ...)
     statuses: Mapping[str, int] = field(default_factory=dict)  # evaluated trials of the main study by status
     running_elsewhere: int = 0  # trials of the study running in other processes when this one ended
+    #: ``--batch N`` and no config fits at N: the smallest peak found, its config and source, and the
+    #: largest batch that config fits (simulator, PREDICTED); see `FixedBatch`.
+    no_fit: Mapping[str, Any] | None = None
 
 
 class _Stopper:
@@ -161,6 +164,7 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
             queue_warm_start(main, space)
         recover_stale_trials(main)
 
+        goal = settings.goal
         predictions: dict[str, Prediction] = {}
         predict_lock = threading.Lock()  # worker threads share the simulator's caches
 
@@ -168,9 +172,9 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
             key = space.table.canonical_key(config)
             with predict_lock:
                 if key not in predictions:
-                    predictions[key] = predict_max_batch(graph, config, usable, device=settings.device,
-                                                         cap=settings.max_batch,
-                                                         allocator=backend.prediction_allocator, op_costs=op_costs)
+                    predictions[key] = goal.predict(graph, config, usable, device=settings.device,
+                                                    cap=settings.max_batch, allocator=backend.prediction_allocator,
+                                                    op_costs=op_costs)
                 return predictions[key]
 
         run = SearchRun(main=main, storage=storage, space=space, settings=settings, usable=usable, predict=predict,
@@ -194,12 +198,48 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
             statuses[status] = statuses.get(status, 0) + 1
     running_elsewhere = sum(1 for t in trials if t.state.name == "RUNNING"
                             and (t.user_attrs.get("owner") or {}).get("pid") not in (None, os.getpid()))
+    no_fit = None
+    if doc is None and settings.batch is not None:
+        no_fit = _smallest_need(trials, run.screen.get_trials(deepcopy=False) if run.screen is not None else [],
+                                graph=graph, usable=usable, settings=settings, op_costs=op_costs)
     reason = run.stopped.get("reason", "") if stopped else ""
     if stopped and reason in ("", "trials", "others") and running_elsewhere:
         reason = "others"
     return SearchOutcome(settings.study, doc, rec_path, csv_path, ran, screened, completed, stopped,
                          time.monotonic() - start, tuple(notes), stop_reason=reason, statuses=statuses,
-                         running_elsewhere=running_elsewhere)
+                         running_elsewhere=running_elsewhere, no_fit=no_fit)
+
+
+def _smallest_need(trials: Any, screened: Any, *, graph: Any, usable: int, settings: SearchSettings,
+                   op_costs: Any) -> dict[str, Any] | None:
+    """Of the configs that did not fit at ``--batch``, the one that needs the fewest bytes, and the batch it fits.
+
+    Measured peaks are preferred to the screening study's predicted ones; the batch
+    that would fit is the simulator's (PREDICTED) for that config.
+    """
+    from lms.config import LMSConfig
+
+    best = None
+    for source in (trials, screened):
+        for t in source:
+            a = t.user_attrs
+            peak = a.get("peak_device_bytes")
+            if a.get("status") not in ("infeasible", "oom") or not peak or not isinstance(a.get("config"), dict):
+                continue
+            if best is None or peak < best[0]:
+                best = (int(peak), a["config"], bool(a.get("measured")))
+        if best is not None:
+            break
+    if best is None:
+        return None
+    peak, config, measured = best
+    pred = predict_max_batch(graph, LMSConfig.from_dict(config), usable, device=settings.device,
+                             cap=settings.max_batch, allocator=settings.backend.prediction_allocator,
+                             op_costs=op_costs)
+    return {"batch": settings.batch, "smallest_peak_bytes": peak, "config": config,
+            "peak_source": settings.backend.source_label(measured=measured, device=settings.device),
+            "fits_batch": pred.batch, "fits_batch_source": settings.backend.source_label(
+                measured=False, device=settings.device)}
 
 
 def _environment(settings: SearchSettings) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 from .backends import Backend, get_backend
 from .budget import format_bytes
+from .goal import Goal, goal_of
 from .storage import StorageSpec
 
 __all__ = ["SearchSettings", "study_settings_conflict"]
@@ -33,6 +34,9 @@ class SearchSettings:
         steps / warmup: timed and warm-up steps of the final measurement.
         safety_margin: fraction of the budget kept free.
         max_batch: largest batch considered.
+        batch: a fixed batch (``--batch``): maximise throughput at it instead of the batch (None: the
+            largest batch); see `goal`.
+        grow: an integer model option to grow at the fixed batch (``--grow``; `tuner.grow`), None: none.
         sampler: ``tpe`` | ``nsga2`` | ``random``.
         prefer / min_throughput_ratio: how the recommendation is picked (see `tuner.outputs`).
         gpu: GPU index or UUID for workers (gpu backend).
@@ -63,6 +67,8 @@ class SearchSettings:
     warmup: int = 2
     safety_margin: float = 0.05
     max_batch: int = 4096
+    batch: int | None = None
+    grow: str | None = None
     sampler: str = "tpe"
     prefer: str = "batch"
     min_throughput_ratio: float = 0.8
@@ -83,10 +89,16 @@ class SearchSettings:
     def measured(self) -> bool:
         return self.backend.measured
 
+    @property
+    def goal(self) -> Goal:
+        """What the study maximises: the largest batch, or the throughput at ``batch`` (`tuner.goal`)."""
+        return goal_of(self.batch, cap=self.max_batch)
+
     def identity(self) -> dict[str, Any]:
         """What must not change when a study is resumed."""
         return {"model": self.model, "model_options": dict(self.model_options), "backend": self.backend.name,
-                "device": self.device, "safety_margin": self.safety_margin, "max_batch": self.max_batch}
+                "device": self.device, "safety_margin": self.safety_margin, "max_batch": self.max_batch,
+                "batch": self.batch}
 
 
 def study_settings_conflict(stored: Mapping[str, Any] | None, settings: SearchSettings) -> str:

@@ -173,6 +173,8 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
     def on_probe(p: Any) -> None:
         events.emit("probe", **p.to_dict(), usable_bytes=usable)
 
+    if request.fixed_batch:
+        return _measure_fixed(request, run, events, backend=backend, tf=tf, fn=fn)
     search = search_max_batch(
         probe, usable=usable, start=request.start_batch, cap=request.cap, resolution=request.resolution,
         max_probes=request.max_probes, slope_bytes_per_sample=request.slope_bytes_per_sample, on_probe=on_probe)
@@ -226,6 +228,34 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
         host_peak_rss_bytes=final.host_peak_rss_bytes,
         fits_budget=int(final.peak_device_bytes) <= usable)
     return MeasureResult(**out)
+
+
+def _measure_fixed(request: MeasureRequest, run: Any, events: _Events, *, backend: Any, tf: Any,
+                   fn: Any) -> MeasureResult:
+    """``--batch N``: one timed run at N; it fits when its peak is within the usable budget (no search)."""
+    batch, usable = request.start_batch, request.usable_bytes
+    events.emit("phase", phase="timing", batch=batch)
+    out: dict[str, Any] = {"tensorflow": tf.__version__, "lms_summary": _lms_summary(fn)}
+    try:
+        m = run(batch, warmup=request.warmup, steps=request.steps)
+    except tf.errors.ResourceExhaustedError as exc:
+        events.emit("probe", batch=batch, fits=False, peak_bytes=None, oom=True, usable_bytes=usable)
+        return MeasureResult(status="oom", batch_size=0, throughput=0.0, device=backend.device_label(""),
+                             reason=f"batch {batch} does not fit: out of memory ({_first_line(exc)})", **out)
+    peak = int(m.peak_device_bytes)
+    fits = peak <= usable
+    events.emit("probe", batch=batch, fits=fits, peak_bytes=peak, oom=False, usable_bytes=usable)
+    out.update(device=backend.device_label(getattr(m, "device_name", "") or ""), peak_device_bytes=peak,
+               peak_source=str(m.peak_source), fits_budget=fits, host_peak_rss_bytes=m.host_peak_rss_bytes,
+               nvml_process_peak_bytes=m.nvml_process_peak_bytes, nvml_device_peak_bytes=m.nvml_device_peak_bytes)
+    if not fits:
+        return MeasureResult(status="infeasible", batch_size=0, throughput=0.0,
+                             reason=(f"batch {batch} does not fit: peak {format_bytes(peak, digits=1)} > usable "
+                                     f"{format_bytes(usable, digits=1)}"), **out)
+    median = float(m.median_step_s)
+    return MeasureResult(status="ok", batch_size=batch, throughput=batch / median if median > 0 else 0.0,
+                         step_time_median_s=median, step_time_spread_s=float(m.spread_s),
+                         step_times_s=tuple(float(t) for t in m.step_times_s), **out)
 
 
 def _fake_fault(fault: str, request: MeasureRequest, events: _Events) -> MeasureResult:

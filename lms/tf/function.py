@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 import types
@@ -144,12 +145,19 @@ class LMSSummary:
 
 
 def as_config(config: Any) -> LMSConfig:
-    """An `LMSConfig` from a config or a mapping of its fields; ValueError otherwise."""
+    """An `LMSConfig` from a config, a mapping of its fields, or a config file's path (`LMSConfig.load`:
+    an ``lms.config`` file or a tuner ``recommended.json``); ValueError otherwise."""
     if isinstance(config, LMSConfig):
         return config
     if isinstance(config, Mapping):
         return LMSConfig.from_dict(config)
-    raise ValueError(f"config must be an lms.LMSConfig or a dict of its fields, got {type(config).__name__}")
+    if isinstance(config, (str, os.PathLike)):
+        if not os.path.isfile(config):
+            raise ValueError(f"config {str(config)!r} is not an lms.LMSConfig, a dict of its fields or an existing "
+                             "config file")
+        return LMSConfig.load(config)
+    raise ValueError("config must be an lms.LMSConfig, a dict of its fields or a config file's path, got "
+                     f"{type(config).__name__}")
 
 
 @dataclass(frozen=True)

@@ -146,7 +146,8 @@ def enable_lms(model: Any, config: Any, *, emulate: bool | None = None, bandwidt
 
     Args:
         model: a ``keras.Model`` (TensorFlow backend).
-        config: an `LMSConfig` (or a dict of its fields).
+        config: an `LMSConfig`, a dict of its fields, or a config file's path (a tuner
+            ``studies/<study>/recommended.json`` too; the batch it was tuned for is logged).
         emulate / bandwidth / device: as for `lms.function`.
     """
     if not isinstance(model, keras.Model):

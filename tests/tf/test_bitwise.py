@@ -238,6 +238,16 @@ def test_invalid_config_is_refused(config, match):
         lms.function(lambda x: x, config=config)
 
 
+def test_a_recommended_json_path_is_a_config(tmp_path, caplog):
+    doc = {"schema": "tuner.recommendation", "schema_version": 1, "tuned_for": {"batch_size": 256},
+           "config": {"n_tensors": 7, "lb": 3}}
+    (tmp_path / "recommended.json").write_text(json.dumps(doc))
+    with caplog.at_level(logging.INFO, logger="lms.config"):
+        fn = lms.function(lambda x: x, config=str(tmp_path / "recommended.json"))
+    assert fn.config == LMSConfig(n_tensors=7, lb=3)
+    assert any("tuned for batch 256" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"bandwidth": 0}, "bandwidth"),
     ({"bandwidth": -5.0}, "bandwidth"),

@@ -87,6 +87,12 @@ def test_bad_config_file(name: str, tmp_path: Path) -> None:
     (["search", "--model", "mlp", "--storage", "not a url"], "is not a URL"),
     (["search", "--model", "mlp", "--study", ".hidden"], "is not allowed"),
     (["search", "--model", "mlp:"], "mlp:"),
+    (["search", "--model", "mlp", "--batch", "0"], "--batch: 0 must be >= 1"),
+    (["search", "--model", "mlp", "--batch", "600", "--max-batch", "512"], "--batch 600 is larger than --max-batch 512"),
+    (["search", "--model", "mlp", "--grow", "input_dim"], "--grow input_dim needs --batch N"),
+    (["search", "--model", "mlp", "--batch", "8", "--grow", "hidden"],
+     "--grow hidden: model mlp does not declare 'hidden' growable; growable: input_dim"),
+    (["search", "--model", "resnet50", "--batch", "8", "--grow", "image_sizes"], "growable: image_size"),
 ])
 def test_bad_cli_input(args: list[str], fragment: str, tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("a file, not a folder\n")

@@ -134,10 +134,10 @@ class MeasuredBackend(Backend):
                 reason=f"not run: {pred.reason} (more than {SIM_SKIP_TOLERANCE:.0%} over the usable budget)",
                 extra={**record.extra, "skipped_by_simulator": True})
         trial_dir = s.study_dir / "trials" / f"{trial.number:04d}"
-        start = max(1, round(pred.batch * batch_factor)) if pred.feasible else 1
+        start, cap = s.goal.first_probe(pred, batch_factor)
         request = MeasureRequest(
             workload=s.model, options=dict(s.model_options), config=config.to_dict(), backend=self.name,
-            usable_bytes=usable, start_batch=max(1, start), cap=s.max_batch,
+            usable_bytes=usable, start_batch=max(1, start), cap=cap, fixed_batch=s.batch is not None,
             slope_bytes_per_sample=pred.slope_bytes_per_sample, warmup=s.warmup, steps=s.steps, seed=s.seed or 0,
             trial=trial.number)
 
@@ -154,8 +154,13 @@ class MeasuredBackend(Backend):
                 log.info("  trial %d: timing batch %d (%d warm-up + %d timed steps)", trial.number, event["batch"],
                          s.warmup, s.steps)
 
-        log.info("trial %d: %s (simulator predicts batch %d; first probe %d)", trial.number,
-                 run.space.table.short_label(config), pred.batch, start)
+        if s.batch is None:
+            log.info("trial %d: %s (simulator predicts batch %d; first probe %d)", trial.number,
+                     run.space.table.short_label(config), pred.batch, start)
+        else:
+            log.info("trial %d: %s at batch %d (simulator predicts peak %s: %s)", trial.number,
+                     run.space.table.short_label(config), s.batch, format_bytes(pred.peak_bytes),
+                     "fits" if pred.feasible else "does not fit")
 
         def should_stop() -> bool:
             return (deadline is not None and time.monotonic() >= deadline) or (stop is not None and stop.is_set())

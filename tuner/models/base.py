@@ -73,6 +73,10 @@ class Workload:
             labels; deterministic for a given seed.
         default_batch: a small batch size that trains quickly on a CPU.
         options: the knobs this workload was built with (JSON-ready values).
+        growable: integer options that scale the input (an image's side, a volume's, a
+            sequence's length) and the step their values take, e.g. ``{"image_size": 32}``:
+            what ``tuner search --batch N --grow OPTION`` may grow (values are multiples of
+            the step).
         spec: the string `load_workload` resolved (filled in by the loader).
     """
 
@@ -88,6 +92,7 @@ class Workload:
     make_batch: Callable[..., tuple[Any, Any]]
     default_batch: int = 8
     options: Mapping[str, Any] = field(default_factory=dict)
+    growable: Mapping[str, int] = field(default_factory=dict)
     spec: str = ""
 
     def __post_init__(self) -> None:
@@ -115,6 +120,15 @@ class Workload:
         if not isinstance(self.options, Mapping):
             raise ValueError(f"Workload.options={self.options!r}: must be a mapping of option name to value")
         object.__setattr__(self, "options", dict(self.options))
+        if not isinstance(self.growable, Mapping):
+            raise ValueError(f"Workload.growable={self.growable!r}: must map option names to steps")
+        for name, step in self.growable.items():
+            if name not in self.options or isinstance(self.options[name], bool) \
+                    or not isinstance(self.options[name], int):
+                raise ValueError(f"Workload.growable: {name!r} is not an integer option of this workload")
+            if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+                raise ValueError(f"Workload.growable[{name!r}]={step!r}: the step must be an integer >= 1")
+        object.__setattr__(self, "growable", dict(self.growable))
 
     def x_spec(self, *, batch_size: int | None = None) -> Any:
         """``tf.TensorSpec`` of an input batch (batch dim ``None`` unless given)."""
@@ -148,7 +162,8 @@ class Workload:
         return {"name": self.name, "spec": self.spec or self.name, "description": self.description,
                 "x_shape": list(self.x_shape), "x_dtype": self.x_dtype,
                 "y_shape": list(self.y_shape), "y_dtype": self.y_dtype,
-                "default_batch": self.default_batch, "options": dict(self.options)}
+                "default_batch": self.default_batch, "options": dict(self.options),
+                "growable": dict(self.growable)}
 
 
 # ---------------------------------------------------------------- the registry

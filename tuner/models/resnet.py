@@ -44,6 +44,7 @@ def resnet50(*, image_size: int = 224, num_classes: int = 1000, learning_rate: f
         default_batch=2,
         options={"image_size": image_size, "num_classes": num_classes, "learning_rate": learning_rate,
                  "momentum": momentum},
+        growable={"image_size": 32},  # ResNet-50 downsamples 32x: multiples of 32 keep every stage whole
     )
 
 

@@ -39,6 +39,7 @@ def mlp(*, input_dim: int = 32, hidden: int = 64, n_layers: int = 2, num_classes
         default_batch=8,
         options={"input_dim": input_dim, "hidden": hidden, "n_layers": n_layers,
                  "num_classes": num_classes, "learning_rate": learning_rate},
+        growable={"input_dim": 16},
     )
 
 
@@ -63,6 +64,7 @@ def cnn_bn(*, image_size: int = 16, channels: int = 3, filters: int = 8, num_cla
         default_batch=8,
         options={"image_size": image_size, "channels": channels, "filters": filters,
                  "num_classes": num_classes, "learning_rate": learning_rate},
+        growable={"image_size": 8},
     )
 
 
@@ -89,6 +91,7 @@ def residual(*, image_size: int = 16, channels: int = 3, filters: int = 8, n_blo
         default_batch=8,
         options={"image_size": image_size, "channels": channels, "filters": filters,
                  "n_blocks": n_blocks, "num_classes": num_classes, "learning_rate": learning_rate},
+        growable={"image_size": 8},
     )
 
 

@@ -67,6 +67,7 @@ def gpt2_small(*, seq_len: int = 1024, n_layers: int = 12, d_model: int = 768, n
         options={"seq_len": seq_len, "n_layers": n_layers, "d_model": d_model, "n_heads": n_heads,
                  "vocab_size": vocab_size, "n_positions": n_positions, "dropout": dropout,
                  "learning_rate": learning_rate},
+        growable={"seq_len": 128},  # up to n_positions (a longer sequence is refused)
     )
 
 

@@ -64,6 +64,7 @@ def unet3d(*, input_size: int = 192, in_channels: int = 4, n_classes: int = 4, b
         default_batch=1,
         options={"input_size": input_size, "in_channels": in_channels, "n_classes": n_classes,
                  "base_filters": base_filters, "levels": levels, "learning_rate": learning_rate},
+        growable={"input_size": multiple * max(1, 16 // multiple)},  # a multiple of 2**(levels-1); 16 by default
     )
 
 
