@@ -42,14 +42,19 @@ def _seed_cache(settings: SearchSettings, graph) -> None:
     (settings.study_dir / "graph.json").write_text(json.dumps(doc))
 
 
+# The swap knobs only (the ordering and recompute knobs held at their defaults): a grid of 641 configs
+# that one search can evaluate whole in about a minute.
+SWAP_KNOBS_ONLY = {"schedule": ("tf",), "sync_mode": (0,), "recompute": ("none",)}
+
+
 def _grid_at(graph, batch: int) -> dict[str, tuple[LMSConfig, object]]:
-    space = SearchSpace(n_candidates=max(1, len(find_candidates(graph, LMSConfig())[0])))
+    space = SearchSpace(n_candidates=max(1, len(find_candidates(graph, LMSConfig())[0])), ranges=SWAP_KNOBS_ONLY)
     usable = usable_bytes(BUDGET, 0.05)
     out = {}
     for params in space.grid():
         config = space.config_of(params)
-        out.setdefault(canonical_key(config), (config, predict_at_batch(graph, config, usable, batch=batch,
-                                                                        device=DEVICE)))
+        if canonical_key(config) not in out:
+            out[canonical_key(config)] = (config, predict_at_batch(graph, config, usable, batch=batch, device=DEVICE))
     return out
 
 
@@ -85,7 +90,12 @@ def test_fixed_batch_study_is_a_different_study() -> None:
 # ---------------------------------------------------------------- --batch N
 
 @pytest.mark.slow  # every config of the space (641) is evaluated: about a minute of Optuna bookkeeping
-def test_fixed_batch_search_picks_the_fastest_feasible_config_of_the_grid(tmp_path: Path) -> None:
+def test_fixed_batch_search_picks_the_fastest_feasible_config_of_the_grid(tmp_path: Path, monkeypatch) -> None:
+    import functools
+
+    import tuner.search
+
+    monkeypatch.setattr(tuner.search, "SearchSpace", functools.partial(SearchSpace, ranges=SWAP_KNOBS_ONLY))
     graph = residual(6)
     s = _settings(tmp_path / "studies", batch=9, sampler="random")
     _seed_cache(s, graph)
@@ -155,8 +165,14 @@ def test_largest_fitting_refuses_an_empty_range() -> None:
 
 # ---------------------------------------------------------------- --grow
 
-def test_grow_finds_the_largest_value_a_direct_check_confirms(tmp_path: Path) -> None:
+def test_grow_finds_the_largest_value_a_direct_check_confirms(tmp_path: Path, monkeypatch) -> None:
     """Per-value graphs whose activations grow with the square of image_size (an image's side)."""
+    import functools
+
+    import tuner.search
+
+    # the direct check walks the grid: the swap knobs only, as in the search
+    monkeypatch.setattr(tuner.search, "SearchSpace", functools.partial(SearchSpace, ranges=SWAP_KNOBS_ONLY))
     studies = tmp_path / "studies"
     values = studies / "grow" / "values"
 
