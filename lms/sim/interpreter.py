@@ -38,7 +38,7 @@ from .opcosts import OpCosts
 from .result import SimResult, Timeline, TimelineEvent, _Trace
 
 __all__ = ["simulate", "SimResult", "Timeline", "TimelineEvent", "compiled_for", "resolve_plan", "schedule_for",
-           "DEFAULT_TEMPORARIES", "default_temporaries"]
+           "DEFAULT_TEMPORARIES", "default_temporaries", "cost_array"]
 
 
 DEFAULT_TEMPORARIES = CPU_TEMPORARIES
@@ -151,7 +151,7 @@ def simulate(graph: Graph, plan: LMSConfig | SwapPlan | None = None, *, batch: i
         order = dev.order if dev is not None else "executor"
     cg = compiled_for(graph, resolved, order=order, temporaries=temporaries, resident_bytes=resident_bytes,
                       expensive_op_bytes=dev.expensive_op_bytes if dev is not None else None)
-    costs = _cost_array(cg, op_costs, op_costs_batch, batch)
+    costs = cost_array(cg, op_costs, op_costs_batch, batch)
     return run(cg, batch, device=dev, op_costs=costs, want_timeline=timeline, allocator=allocator)
 
 
@@ -160,8 +160,9 @@ def default_temporaries(device: DeviceProfile | None) -> TemporaryModel:
     return TEMPORARIES[device.kernels] if device is not None else DEFAULT_TEMPORARIES
 
 
-def _cost_array(cg: CompiledGraph, op_costs: Mapping[str, float] | OpCosts | None,
+def cost_array(cg: CompiledGraph, op_costs: Mapping[str, float] | OpCosts | None,
                 measured_batch: int | None, batch: int) -> np.ndarray | None:
+    """Each op's seconds at `batch` from measured or given op costs (None: the device model's roofline)."""
     names = _timed_names(cg)
     if isinstance(op_costs, OpCosts):
         return op_costs.seconds(names, batch)

@@ -21,7 +21,7 @@ from ..devices import DeviceProfile, get_device
 from ..graph import Graph
 from ..plan import SwapPlan
 from .costs import TemporaryModel
-from .interpreter import SimResult, _cost_array, compiled_for, default_temporaries, resolve_plan, run
+from .interpreter import SimResult, cost_array, compiled_for, default_temporaries, resolve_plan, run
 from .opcosts import OpCosts
 
 __all__ = ["max_batch", "MaxBatchResult", "InfeasibleBudget", "ALL_SWAPPED", "bfc_adjusted_batch"]
@@ -119,7 +119,7 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
     kw = dict(order=order, temporaries=temporaries, resident_bytes=resident_bytes,
               expensive_op_bytes=dev.expensive_op_bytes if dev is not None else None)
     cg = compiled_for(graph, plan, **kw)
-    base_costs = None if isinstance(op_costs, OpCosts) else _cost_array(cg, op_costs, None, 1)
+    base_costs = None if isinstance(op_costs, OpCosts) else cost_array(cg, op_costs, None, 1)
     count = 0
 
     def sim(b: int) -> SimResult:
@@ -145,7 +145,7 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
     if first.peak_device_bytes > budget_bytes:
         all_plan = resolve_plan(graph, ALL_SWAPPED)
         everything = run(compiled_for(graph, all_plan, **kw), 1, device=dev,
-                         op_costs=_cost_array(compiled_for(graph, all_plan, **kw), op_costs,
+                         op_costs=cost_array(compiled_for(graph, all_plan, **kw), op_costs,
                                               op_costs_batch, 1), want_timeline=False)
         count += 1
         best = min((first, everything), key=lambda r: r.peak_device_bytes)
