@@ -45,13 +45,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def grid_at(graph: Any, space: Any, *, batch: int, usable: int, device: str, cache_path: Path) -> dict[str, dict]:
     """canonical key -> the prediction at `batch` for every distinct config (cached, resumable)."""
-    from tuner.knobs import canonical_key
-
     results: dict[str, dict] = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
-    configs: dict[str, LMSConfig] = {}
-    for params in space.grid():
-        config = space.config_of(params)
-        configs.setdefault(canonical_key(config), config)
+    configs: dict[str, LMSConfig] = space.distinct_configs()
     todo = [k for k in configs if k not in results]
     print(f"batch {batch}: {len(configs)} distinct configs, {len(todo)} to simulate", flush=True)
     for i, key in enumerate(todo, 1):

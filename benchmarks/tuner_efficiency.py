@@ -88,13 +88,8 @@ def load_graph(model: str, options: dict[str, Any]) -> Any:
 
 def evaluate_grid(graph: Any, space: Any, *, usable: int, device: str, cap: int, cache_path: Path) -> dict[str, dict]:
     """canonical config key -> prediction record for every distinct grid config (cached, resumable)."""
-    from tuner.knobs import canonical_key
-
     results: dict[str, dict] = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
-    configs: dict[str, LMSConfig] = {}
-    for params in space.grid():
-        config = space.config_of(params)
-        configs.setdefault(canonical_key(config), config)
+    configs: dict[str, LMSConfig] = space.distinct_configs()
     todo = [k for k in configs if k not in results]
     print(f"grid: {len(space.grid())} points, {len(configs)} distinct configs, {len(todo)} to simulate", flush=True)
     start = time.monotonic()

@@ -128,7 +128,15 @@ class SearchSpace:
     @property
     def n_distinct(self) -> int:
         """Distinct configs in the space (grid points that plan differently)."""
-        return len({self.table.canonical_key(self.config_of(p)) for p in self.grid()})
+        return len(self.distinct_configs())
+
+    def distinct_configs(self) -> dict[str, Any]:
+        """canonical key -> config, one per distinct config of the grid, in grid order."""
+        configs: dict[str, Any] = {}
+        for params in self.grid():
+            config = self.config_of(params)
+            configs.setdefault(self.table.canonical_key(config), config)
+        return configs
 
     def to_dict(self) -> dict[str, Any]:
         return {"n_candidates": self.n_candidates, "n_tensor_levels": self.n_tensor_levels,

@@ -51,10 +51,8 @@ def _grid_at(graph, batch: int) -> dict[str, tuple[LMSConfig, object]]:
     space = SearchSpace(n_candidates=max(1, len(find_candidates(graph, LMSConfig())[0])), ranges=SWAP_KNOBS_ONLY)
     usable = usable_bytes(BUDGET, 0.05)
     out = {}
-    for params in space.grid():
-        config = space.config_of(params)
-        if canonical_key(config) not in out:
-            out[canonical_key(config)] = (config, predict_at_batch(graph, config, usable, batch=batch, device=DEVICE))
+    for key, config in space.distinct_configs().items():
+        out[key] = (config, predict_at_batch(graph, config, usable, batch=batch, device=DEVICE))
     return out
 
 
