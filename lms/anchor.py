@@ -23,7 +23,7 @@ from .graph import Graph, Role
 from .plan import SWAP_IN_TYPE, SWAP_OUT_TYPE, Swap, SwapIn, SwapPlan
 from .recompute import GATE_TYPE, is_gate_op_name
 
-__all__ = ["anchor_triggers", "anchored_trigger", "pinnable_ops", "merged_pairs", "REWRITABLE_TYPES",
+__all__ = ["anchor_triggers", "anchored_trigger", "pinnable_ops", "trigger_ops", "merged_pairs", "REWRITABLE_TYPES",
            "MERGED_SIBLING_TYPES"]
 
 
@@ -215,11 +215,7 @@ def pinnable_ops(graph: Graph) -> frozenset[str]:
         (ReluGrad) -> (Conv2DBackpropInput)  pinnable
     """
     merged = {n for pair in merged_pairs(graph) for n in pair}
-    static: set[str] = set()  # computed from constants and shapes only: constant folding replaces them
-    for name in graph.topological_order:
-        op = graph.ops[name]
-        if op.type in _CONSTANT_TYPES or (op.inputs and all(graph.producer(t).name in static for t in op.inputs)):
-            static.add(name)
+    static = _static_ops(graph)
     out: set[str] = set()
     for op in graph.ops.values():
         if op.name in static:
@@ -234,3 +230,68 @@ def pinnable_ops(graph: Graph) -> frozenset[str]:
             continue
         out.add(op.name)
     return frozenset(out)
+
+
+def _static_ops(graph: Graph) -> set[str]:
+    """Ops computed from constants and shapes only: Grappler's constant folding replaces them."""
+    static: set[str] = set()
+    for name in graph.topological_order:
+        op = graph.ops[name]
+        if op.type in _CONSTANT_TYPES or (op.inputs and all(graph.producer(t).name in static for t in op.inputs)):
+            static.add(name)
+    return static
+
+
+# Ops Grappler often removes or merges into another (`_may_vanish`): a control edge from one moves to
+# another op (seen on cnn_bn and ResNet-50: the swap-in came in at another time).
+_VANISHING_TYPES = frozenset({"Neg"})
+_VIEW_TYPES = frozenset({"Reshape", "Squeeze", "ExpandDims"})
+_REDUCTION_TYPES = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "BiasAddGrad"})
+
+
+def _may_vanish(graph: Graph, op) -> bool:  # noqa: ANN001
+    """An op Grappler may remove or merge into another (its control edges would move).
+
+    A negation (``x + -y`` -> ``x - y``; equal ones deduplicated), and a view of
+    a view or of a reduction: Grappler collapses ``Reshape(Reshape(x))`` and
+    reshapes of ``Sum``s (a bias gradient's, two branches' equal ones). Seen on
+    ResNet-50: all such triggers moved; views of other ops (BatchNorm's ``gamma``
+    gradient) stayed.
+    """
+    if op.type in _VANISHING_TYPES:
+        return True
+    if op.type not in _VIEW_TYPES or not op.inputs:
+        return False
+    return graph.producer(op.inputs[0]).type in _VIEW_TYPES | _REDUCTION_TYPES
+
+
+def trigger_ops(graph: Graph, *, pinnable: frozenset[str] | None = None) -> frozenset[str]:
+    r"""Ops that may carry a control *output* (a swap-in's trigger) without changing TF's rewrites.
+
+    The rule swap-in triggers have always followed (`anchor_triggers`), for the
+    schedule: every pinnable op (`pinnable_ops`), and every backward op a control
+    output cannot take out of a rewrite (`_safe_trigger`: its type is not one
+    Grappler rewrites, or it does not have exactly one reader -- an op with two
+    readers is never an inner node of a fusion) that Grappler does not remove or
+    merge (`_may_vanish`: its control edges would move), not an identity, shape read, constant or control-flow op, not folded to a constant, read by
+    something, and not one of a pair oneDNN merges. A swap-in gets its control
+    input from such an op, so it is copied in right after the op it is
+    scheduled behind, not whenever the last pinnable op before it ran::
+
+        (ReluGrad) -> (Mul) -> (Mul_1)   (Mul) has two readers: a trigger
+                        \-> (Sum)        ..> [swap-in] -> (Conv2DBackpropFilter)
+    """
+    pinnable = pinnable_ops(graph) if pinnable is None else pinnable
+    merged = {n for pair in merged_pairs(graph) for n in pair}
+    static = _static_ops(graph)
+    out = set(pinnable)
+    for op in graph.ops.values():
+        if (op.name in out or op.role is not Role.BACKWARD or op.type in _UNPINNABLE_TYPES
+                or op.name in static or op.name in merged or not op.inputs or _may_vanish(graph, op)):
+            continue
+        if not any(graph.consumers(t) for t in op.outputs):
+            continue
+        if _safe_trigger(graph, op.name):
+            out.add(op.name)
+    return frozenset(out)
+

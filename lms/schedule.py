@@ -28,8 +28,10 @@ the last bits); one between two ops oneDNN merges closes a cycle. A requested
 edge ``(a) ..> (b)`` whose ends are not pinnable is *anchored*: ``a`` moves to
 its nearest pinnable ancestor, ``b`` to its nearest pinnable descendant (a
 weaker order, never a cycle); with none, it is dropped (`Schedule.dropped`).
-The memory order is pinned through its pinnable ops only; the others run when
-TF's executor reaches them, so each candidate is scored by the peak of the
+The memory order is pinned through its pinnable ops only, plus one edge into
+each swap-in from the last op before it that may carry a control output (the
+rule swap-in triggers follow, `lms.anchor.trigger_ops`), so the copy comes in
+where the order put it; the others run when TF's executor reaches them, so each candidate is scored by the peak of the
 order TF's executor models (`lms.sim.order.executed_order`, both kinds) run
 over the graph with its pins, not by the order asked for.
 
@@ -66,7 +68,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .anchor import merged_pairs, pinnable_ops
+from .anchor import merged_pairs, pinnable_ops, trigger_ops
 from .config import LMSConfig, serialization_levels
 from .graph import SHAPE_ONLY_TYPES, Graph, GraphError, Op, Role
 from .plan import HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
@@ -105,10 +107,12 @@ class Schedule:
             for ``"tf"``).
         constraints: ordering edges ``(before, after)`` from ``serialization``,
             ``serialization_by_size`` and ``sync_mode``, as requested.
-        pins: the edges applied (between pinnable ops only): the constraints
-            anchored, then for ``"memory"`` the chain that pins `order`'s
-            pinnable ops that allocate or read device memory, minus neighbours
-            the graph already orders.
+        pins: the edges applied: the constraints anchored, then for
+            ``"memory"`` the chain that pins `order`'s pinnable ops that
+            allocate or read device memory, minus neighbours the graph already
+            orders, and one edge into each swap-in from the last trigger op
+            before it (`lms.anchor.trigger_ops`; all other edges join
+            pinnable ops).
         dropped: requested constraints no pinnable pair can express.
         candidates: estimated peak bytes of each candidate order at `batch`, as
             TF's executor models run it with the candidate's pins (the larger of
@@ -150,7 +154,8 @@ class Schedule:
         """Check against the rewritten graph (`rewrite_graph(graph, plan)`, before pinning).
 
         Checks: every edge names known ops; the graph plus every edge is acyclic;
-        every pin joins two pinnable ops (`lms.anchor.pinnable_ops`); a pinned
+        every pin joins two pinnable ops (`lms.anchor.pinnable_ops`), or a
+        trigger op and a swap-in (`lms.anchor.trigger_ops`); a pinned
         order is a permutation of the graph's ops, topological for the graph
         plus `constraints` and the pins.
 
@@ -162,7 +167,12 @@ class Schedule:
                 if name not in graph.ops:
                     raise ScheduleError(f"edge {a!r} -> {b!r}: unknown op {name!r}")
         pinnable = pinnable_ops(graph) if pinnable is None else pinnable
+        triggers: frozenset[str] | None = None
         for a, b in self.pins:
+            if a not in pinnable and b in pinnable and graph.ops[b].type == SWAP_IN_TYPE:
+                triggers = trigger_ops(graph, pinnable=pinnable) if triggers is None else triggers
+                if a in triggers:
+                    continue  # a swap-in's trigger: only a control output on `a`
             for name in (a, b):
                 if name not in pinnable:
                     raise ScheduleError(f"pin {a!r} -> {b!r}: {name!r} ({graph.ops[name].type}) is not pinnable: "
@@ -599,6 +609,32 @@ def _chain_pins(g: Graph, m: _Model, order: list[int], pinnable: frozenset[str])
     return tuple(pins)
 
 
+def _trigger_pins(m: _Model, order: list[int], triggers: frozenset[str]) -> tuple[tuple[str, str], ...]:
+    """For each swap-in of `order`: an edge from the last trigger op before it, back to its chain neighbour.
+
+    The chain pins a swap-in behind the previous pinnable op of the order; in a
+    stretch of elementwise backward ops (BatchNorm's gradient) that op may be far
+    earlier, and TF's executor would copy the tensor in long before its reader
+    needs it (seen: ResNet-50's ``pool1`` output held 0.7 GiB through a whole
+    BatchNorm backward at the peak). An edge from the latest op before the
+    swap-in that may carry a control output (`lms.anchor.trigger_ops`) keeps the
+    copy where the order put it. Skipped where that op is already an input.
+    """
+    pins: list[tuple[str, str]] = []
+    for k, i in enumerate(order):
+        if m.types[i] != SWAP_IN_TYPE or m.names[i] not in triggers:  # not pinnable (e.g. folded)
+            continue
+        preds = m.preds[i]
+        for j in reversed(order[:k]):
+            if j in preds or m.types[j] in (SWAP_IN_TYPE, SWAP_OUT_TYPE):
+                break  # already an input, or a swap op the chain orders it behind
+            if m.names[j] in triggers:
+                if m.roles[j] is Role.BACKWARD:
+                    pins.append((m.names[j], m.names[i]))
+                break
+    return tuple(pins)
+
+
 # ---- the pass ----------------------------------------------------------------------------------
 
 def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfig | None = None,
@@ -647,8 +683,10 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
         "post_order": _post_order(m),
         "creation": [m.index[n] for n in g.topological_order],
     }
+    triggers = trigger_ops(rewritten, pinnable=pinnable)
     pins_of: dict[str, tuple[tuple[str, str], ...]] = {
-        name: _chain_pins(g, m, order, pinnable) for name, order in candidates.items()}
+        name: _chain_pins(g, m, order, pinnable) + _trigger_pins(m, order, triggers)
+        for name, order in candidates.items()}
     pins_of["tf"] = ()  # TF's own order, nothing pinned: the pass never does worse than without it
     candidates["tf"] = [m.index[n] for n in executed_order(g, "single_threaded")]
     scored: dict[tuple[tuple[str, str], ...], int] = {}  # candidates often pin alike: score each pin set once

@@ -7,7 +7,7 @@ import pytest
 from lms import LMSConfig, plan_swaps
 from lms.graph import GraphBuilder, Role
 from lms.plan import SWAP_IN_TYPE, SWAP_OUT_TYPE, rewrite_graph
-from lms.anchor import merged_pairs, pinnable_ops
+from lms.anchor import merged_pairs, pinnable_ops, trigger_ops
 from lms.schedule import (EXECUTOR_KINDS, Schedule, ScheduleError, anchor_edges, merge_edges, order_peak, pin_graph,
                           resource_edges, resource_order_edges,
                           schedule_ops)
@@ -115,7 +115,9 @@ def test_pins_are_few_join_pinnable_ops_and_score_the_order_the_executor_runs(ma
     sched = schedule_ops(graph, plan)
     rewritten = rewrite_graph(graph, plan)
     pinnable = pinnable_ops(rewritten)
-    assert all(a in pinnable and b in pinnable for a, b in sched.pins)
+    triggers = trigger_ops(rewritten, pinnable=pinnable)
+    assert all((a in pinnable or (a in triggers and rewritten.ops[b].type == SWAP_IN_TYPE)) and b in pinnable
+               for a, b in sched.pins)
     pos = {n: i for i, n in enumerate(sched.order)}
     assert all(pos[a] < pos[b] for a, b in sched.pins)
     chained = {n for e in sched.pins for n in e}
@@ -126,6 +128,48 @@ def test_pins_are_few_join_pinnable_ops_and_score_the_order_the_executor_runs(ma
     assert sched.batch >= graph.batch_size
     assert executed == sched.candidates[sched.chosen] == min(sched.candidates.values())
     assert sched.candidates[sched.chosen] <= sched.candidates["tf"]
+
+
+def bn_like(width: int = 3):
+    """A chain of Tanh whose backward does BatchNorm-like arithmetic: a full-size Mul with two readers."""
+    b = GraphBuilder(batch_size=1, name="bn_like")
+    b.op("x", "Placeholder", per_sample_bytes=MiB)
+    prev = "x:0"
+    for i in range(width):
+        prev = b.op(f"f{i}", "Tanh", prev, per_sample_bytes=MiB)
+    b.op("loss", "Sum", prev, shape=(), fixed_bytes=4)
+    g = b.op("gradient_tape/loss/Fill", "Fill", "loss:0", role=Role.BACKWARD, grad_of="loss", per_sample_bytes=MiB)
+    for i in reversed(range(width)):
+        m = b.op(f"gradient_tape/f{i}/Mul", "Mul", g, f"f{i}:0", role=Role.BACKWARD, grad_of=f"f{i}",
+                 per_sample_bytes=MiB)
+        s = b.op(f"gradient_tape/f{i}/Sum", "Sum", m, role=Role.BACKWARD, grad_of=f"f{i}", fixed_bytes=4)
+        n = b.op(f"gradient_tape/f{i}/Neg", "Neg", m, role=Role.BACKWARD, grad_of=f"f{i}", per_sample_bytes=MiB)
+        g = b.op(f"gradient_tape/f{i}/TanhGrad", "TanhGrad", n, f"f{i - 1}:0" if i else "x:0", s,
+                 role=Role.BACKWARD, grad_of=f"f{i}", per_sample_bytes=MiB)
+    return b.build()
+
+
+def test_swap_ins_are_pinned_behind_the_last_op_that_may_trigger_them():
+    graph = bn_like()
+    plan = plan_swaps(graph, LMSConfig(n_tensors=-1, schedule="memory"))
+    sched = schedule_ops(graph, plan)
+    rewritten = rewrite_graph(graph, plan)
+    pinnable = pinnable_ops(rewritten)
+    triggers = trigger_ops(rewritten, pinnable=pinnable)
+    # a Mul with two readers can never be an inner node of a fusion: it may drive a control edge, not take one
+    assert {"gradient_tape/f1/Mul", "gradient_tape/f2/Mul"} <= triggers - pinnable
+    assert "gradient_tape/f1/Neg" not in triggers and "gradient_tape/f1/Sum" not in triggers  # one reader each
+    trigger_pins = [(a, b) for a, b in sched.pins if a not in pinnable]
+    assert ("gradient_tape/f2/Mul", "f1-lms_swap_in_0_0") in trigger_pins
+    assert all(a in triggers and rewritten.ops[b].type == SWAP_IN_TYPE for a, b in trigger_pins)
+    pos = {n: i for i, n in enumerate(sched.order)}
+    for a, b in trigger_pins:  # the last trigger op before the swap-in in the chosen order
+        between = sched.order[pos[a] + 1:pos[b]]
+        assert not set(between) & triggers, (a, b, between)
+    # the same edge from an op with one reader (a fusion's inner node) is refused
+    bad = Schedule(kind="tf", pins=(("gradient_tape/f1/Neg", "f0-lms_swap_in_0_0"),))
+    with pytest.raises(ScheduleError, match="not pinnable"):
+        bad.validate(rewritten)
 
 
 def test_simulator_runs_the_executor_model_over_the_pinned_graph():

@@ -36,6 +36,8 @@ __all__ = ["PinnedSchedule", "apply_schedule", "pinned_edges_survived"]
 
 log = logging.getLogger(__name__)
 
+_SWAP_IN_MARK = "-lms_swap_in_"  # in every swap-in's op name (`lms.plan.swap_op_name`)
+
 
 @dataclass(frozen=True)
 class PinnedSchedule:
@@ -45,18 +47,23 @@ class PinnedSchedule:
 
 
 def _swap_in_parts(graph: tf.Graph) -> dict[str, list[tf.Operation]]:
-    """Ops named ``<swap-in>/<part>`` by the swap-in they belong to (emulated swap-ins are several ops)."""
+    """Ops named ``<swap-in>/<part>`` by the swap-in they belong to (emulated swap-ins are several ops).
+
+    Swap-ins are named ``<producer>-lms_swap_in_<output>_<i>`` (`lms.plan.swap_op_name`),
+    their parts ``<swap-in>/transfer``, ``<swap-in>/shaped``, ... (`lms.tf.emulate`).
+    """
     parts: dict[str, list[tf.Operation]] = {}
     for op in graph.get_operations():
-        if op.name.startswith("lms/swap_in/") and "/" in op.name[len("lms/swap_in/"):]:
-            parts.setdefault(op.name.rsplit("/", 1)[0], []).append(op)
+        head, sep, _ = op.name.rpartition("/")
+        if sep and _SWAP_IN_MARK in head.rpartition("/")[2]:
+            parts.setdefault(head, []).append(op)
     return parts
 
 
 def _entry_ops(graph: tf.Graph, name: str, parts: dict[str, list[tf.Operation]]) -> list[tf.Operation]:
     """The ops an edge *to* `name` must reach: `name`, or for an emulated swap-in its first ops."""
     op = graph.get_operation_by_name(name)
-    group = parts.get(name, []) if name.startswith("lms/swap_in/") else []
+    group = parts.get(name, [])
     if not group:
         return [op]
     members = {o.name for o in group} | {name}

@@ -112,3 +112,19 @@ def test_tuner_zoo_pinned_with_an_unknown_batch_dim_trains_bitwise_identically(m
             assert all(np.array_equal(a, b) for a, b in zip(expected[0], losses)), (config, emulate)
             assert all(np.array_equal(a, b) for a, b in zip(expected[1], values)), (config, emulate)
             assert schedule_ops(step.graph, step.plan).edges
+
+
+def test_an_edge_to_an_emulated_swap_in_with_a_bandwidth_reaches_its_first_op():
+    """An emulated swap-in with a link speed is three ops (``<name>/transfer`` sleeps, ``/shaped``, ``<name>``):
+    the pin must hold back the transfer, not only the final copy, or the emulated link starts early."""
+    from lms.tf.emulate import emulated_swap_in, emulated_swap_out
+
+    graph = tf.Graph()
+    with graph.as_default():
+        p = tf.fill([4, 4], 1.0, name="p")
+        host = emulated_swap_out(p, name="lms/swap_out/p_0", bandwidth=1e9)
+        emulated_swap_in(host, like=p, name="p-lms_swap_in_0_0", bandwidth=1e9)
+        tf.math.square(p, name="trigger")
+    apply_schedule(graph, [("trigger", "p-lms_swap_in_0_0")])
+    transfer = graph.get_operation_by_name("p-lms_swap_in_0_0/transfer")
+    assert [op.name for op in transfer.control_inputs] == ["trigger"]
