@@ -323,7 +323,8 @@ def _op_order(data: ReportData) -> str:
     if not sched.pinned:
         return (f'<div id="schedule"><h3>Op order</h3><p class="note">{_e(sched.sentence)}</p></div>'
                 f"{no_recompute}")
-    rows = [[_e(c.name) + (" ✓" if c.chosen else ""), _e(c.description), fmt_bytes(c.peak_bytes), fmt_int(c.peak_bytes),
+    rows = [[_e(c.name) + (" ✓" if c.chosen else ""), _e(c.description), fmt_bytes(c.peak_bytes),
+             fmt_int(c.peak_bytes),
              "chosen" if c.chosen else _signed_bytes(c.peak_bytes - _chosen_peak(sched))]
             for c in sched.candidates]
     table = _table(["scheduler", "order", "peak (PREDICTED)", "bytes", "vs chosen"], rows,
@@ -498,6 +499,7 @@ def render_html(data: ReportData, images: Mapping[str, Image], *, files: Sequenc
         '<meta name="referrer" content="no-referrer">'
         f"<title>LMS tuning report: {_e(data.study_name)}</title><style>{_STYLE}</style></head><body>\n"
         + _header(data) + "\n" + _recommendation(data) + "\n" + _pareto(data, images) + "\n"
-        + _timeline(data, images) + "\n" + _recompute(data) + "\n" + _knobs(data, images) + "\n" + _trial_table(data) + "\n"
+        + _timeline(data, images) + "\n" + _recompute(data) + "\n" + _knobs(data, images) + "\n"
+        + _trial_table(data) + "\n"
         + f"<footer>Written by <code>python -m tuner report</code>. Files beside this page: {listed or '–'}."
         "</footer>\n</body></html>\n")
