@@ -74,7 +74,8 @@ from .graph import SHAPE_ONLY_TYPES, Graph, GraphError, Op, Role
 from .plan import HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
 
 __all__ = ["Schedule", "ScheduleError", "schedule_ops", "pin_graph", "order_peak", "ordering_edges",
-           "anchor_edges", "merge_edges", "resource_edges", "resource_order_edges", "scoring_batch", "PIN_MIN_BYTES", "EXECUTOR_KINDS"]
+           "anchor_edges", "merge_edges", "resource_edges", "resource_order_edges", "scoring_batch", "PIN_MIN_BYTES", "EXECUTOR_KINDS",
+           "CANDIDATES"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,14 @@ PIN_MIN_BYTES = 4096
 # per-channel statistics): they cannot raise the peak, and a shape read of a large tensor holds it.
 _SMALL_BYTES = 4096
 KINDS = ("tf", "memory")
+# The candidate orders ``schedule="memory"`` scores (`Schedule.candidates`), in tie-break order, and what each is.
+CANDIDATES = {
+    "list_lifo": "list scheduler, newest-ready first (one branch at a time)",
+    "list_fifo": "list scheduler, first-ready first (breadth-first)",
+    "post_order": "post-order DFS from the step's outputs (XLA's)",
+    "creation": "the order the ops were created in",
+    "tf": "TF's executor order, nothing pinned",
+}
 
 
 class ScheduleError(ValueError):

@@ -13,7 +13,8 @@ CORE = ["lms", "lms.config", "lms.graph", "lms.planner", "lms.plan", "lms.optype
         "lms.sim", "lms.sim.compiled", "lms.sim.order", "lms.sim.result", "lms.sim.costs", "lms.sim.interpreter", "lms.sim.search", "lms.sim.bfc"]
 TUNER = ["tuner", "tuner.cli", "tuner.search", "tuner.settings", "tuner.knobs", "tuner.space", "tuner.loop",
          "tuner.records", "tuner.recovery", "tuner.pareto", "tuner.graphs", "tuner.worker", "tuner.protocol",
-         "tuner.backends", "tuner.outputs", "tuner.study"]  # parent-process modules, when they exist
+         "tuner.backends", "tuner.outputs", "tuner.study",
+         "tuner.report", "tuner.report.schedule", "tuner.report.recompute"]  # parent-process modules, when they exist
 
 
 def _present(name: str) -> bool:

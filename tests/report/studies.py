@@ -32,12 +32,14 @@ USABLE = int(BUDGET * 0.95)  # the search keeps a 5% safety margin
 def record(*, n_tensors: int, lb: int = 1, batch: int, throughput: float | None, peak: int | None,
            status: str = "ok", reason: str = "", backend: str = "simulate", measured: bool = False,
            predicted_peak: int | None = None, fuse_swapins: bool = False,
-           predicted_batch: int | None = None, predicted_throughput: float | None = None) -> dict[str, Any]:
+           predicted_batch: int | None = None, predicted_throughput: float | None = None,
+           **knobs: Any) -> dict[str, Any]:
     """One trial's user_attrs as the tuner writes them (`tuner.records.TrialRecord.user_attrs`).
 
     The constraint is ``peak / usable - 1`` (<= 0 when it fits), positive for a failure.
+    `knobs`: more `LMSConfig` fields (``schedule="memory"``, ``recompute="cheap"``, ...).
     """
-    config = LMSConfig(n_tensors=n_tensors, lb=lb, fuse_swapins=fuse_swapins).to_dict()
+    config = LMSConfig(n_tensors=n_tensors, lb=lb, fuse_swapins=fuse_swapins, **knobs).to_dict()
     if status == "ok":
         constraint = (peak or 0) / USABLE - 1.0
     else:

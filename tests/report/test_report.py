@@ -182,7 +182,8 @@ def test_missing_study_is_a_clear_error(tmp_path):
 
 
 def test_importing_the_report_package_stays_light():
-    code = ("import sys, tuner.report, tuner.report.data, tuner.report.html, tuner.report.timeline; "
+    code = ("import sys, tuner.report, tuner.report.data, tuner.report.html, tuner.report.timeline, "
+            "tuner.report.schedule, tuner.report.recompute; "
             "bad = [m for m in ('matplotlib', 'tensorflow') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])

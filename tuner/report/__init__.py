@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -71,8 +72,10 @@ def build_report(study_name: str, *, storage: str | None = None, studies_dir: st
                        recommendation_path=rec_path, generated=generated,
                        screen_name=screen.study_name if screen is not None else "",
                        screen_trials=screen.get_trials(deepcopy=False) if screen is not None else None)
-    timeline, note = _timeline(data, study_dir=study_dir, study_attrs=attrs, trials=trials)
+    traced = _traced_graph(study_dir, attrs)
+    timeline, note = _timeline(data, study_dir=study_dir, study_attrs=attrs, trials=trials, traced=traced)
     data = _with_timeline(data, timeline, note)
+    data = _with_schedule_and_recompute(data, traced=traced, study_attrs=attrs)
     target = Path(out_dir) if out_dir is not None else Path(reports_dir) / report_folder_name(study_name)
     return write_report(data, target)
 
@@ -168,9 +171,37 @@ def _load_recommendation(path: Path) -> Recommendation | None:
         return None
 
 
+@dataclass(frozen=True)
+class _Traced:
+    """The traced graph beside the study: the graph, its file, or why there is none."""
+
+    graph: Any = None
+    path: Path | None = None
+    error: str = ""
+
+
+def _traced_graph(study_dir: Path, study_attrs: Mapping[str, Any]) -> _Traced:
+    """Load the graph the search cached (`_graph_file`), once for every section that simulates it."""
+    path = _graph_file(study_dir, study_attrs)
+    if path is None:
+        return _Traced()
+    try:
+        from lms.graph import Graph
+
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        return _Traced(graph=Graph.from_dict(doc["graph"] if "graph" in doc else doc), path=path)
+    except Exception as exc:  # a broken cache must not cost the whole report
+        log.warning("could not load the traced graph %s: %s", path, exc)
+        return _Traced(path=path, error=f"{type(exc).__name__}: {exc}")
+
+
 def _timeline(data: ReportData, *, study_dir: Path, study_attrs: Mapping[str, Any],
-              trials: Any = ()) -> tuple[Any, str]:
-    """(Timeline or None, caption / reason) for the recommended config versus no LMS."""
+              trials: Any = (), traced: _Traced | None = None) -> tuple[Any, str]:
+    """(Timeline or None, caption / reason) for the recommended config versus no LMS.
+
+    The caption names the order the recommended curve runs in (`tuner.report.schedule`).
+    """
+    from .schedule import schedule_summary
     from .timeline import Timeline, load_measured_series, simulated_timeline
 
     rec = data.recommendation
@@ -178,26 +209,28 @@ def _timeline(data: ReportData, *, study_dir: Path, study_attrs: Mapping[str, An
         return None, "No recommendation, so no timeline to compare."
     series: list[Any] = []
     notes: list[str] = []
-    graph_path = _graph_file(study_dir, study_attrs)
-    if graph_path is not None:
+    traced = _traced_graph(study_dir, study_attrs) if traced is None else traced
+    graph_path = traced.path
+    if traced.error:
+        notes.append(f"The simulated timeline could not be computed ({traced.error}).")
+    elif traced.graph is not None:
         try:
             from lms.config import LMSConfig
-            from lms.graph import Graph
 
-            doc = json.loads(graph_path.read_text(encoding="utf-8"))
-            graph = Graph.from_dict(doc["graph"] if "graph" in doc else doc)
+            graph = traced.graph
             device = _simulator_device(study_attrs, rec)
             config = LMSConfig.from_dict(rec.config)
             compared = [("no LMS", LMSConfig(n_tensors=0)), ("recommended", config)]
-            if not config.enabled:  # the recommendation is no LMS: one curve says it all
+            off = not config.enabled and not config.pins_order
+            if off:  # the recommendation is no LMS: one curve says it all
                 compared = [("recommended (no LMS)", config)]
             tl = simulated_timeline(graph, compared, batch=rec.batch_size, device=device)
             series += tl.series
             where = f" on the {device} profile" if device else " (no device profile: memory order only)"
-            what = ("the recommended config swaps nothing (LMS off)" if not config.enabled else
-                    "both configs")
+            what = "the recommended config swaps nothing (LMS off)" if off else "both configs"
             notes.append(f"Simulated{where} with lms.simulator from the traced graph ({graph_path.name}), "
                          f"{what} at the recommended batch size {rec.batch_size}.")
+            notes.append(schedule_summary(graph, config).sentence)
         except Exception as exc:  # a broken cache must not cost the whole report
             log.warning("could not simulate the timeline from %s: %s", graph_path, exc)
             notes.append(f"The simulated timeline could not be computed ({type(exc).__name__}: {exc}).")
@@ -264,6 +297,47 @@ def _simulator_device(study_attrs: Mapping[str, Any], rec: Recommendation) -> st
                 except (KeyError, ValueError):  # a free-form device name, not a profile
                     continue
     return None
+
+
+def _with_schedule_and_recompute(data: ReportData, *, traced: _Traced, study_attrs: Mapping[str, Any]) -> ReportData:
+    """`data` with the recommended config's ordering and, when it recomputes, what that bought."""
+    import dataclasses
+
+    from lms.config import LMSConfig
+
+    from .schedule import schedule_summary
+
+    rec = data.recommendation
+    if rec is None:
+        return data
+    try:
+        config = LMSConfig.from_dict(rec.config)
+    except (TypeError, ValueError) as exc:
+        log.warning("the recommended config is not an LMSConfig (%s): no schedule or recompute section", exc)
+        return data
+    recomputes = config.recompute != "none"
+    if traced.graph is None:
+        why = (f"the traced graph could not be loaded ({traced.error})" if traced.error
+               else "no traced graph was found beside the study")
+        return dataclasses.replace(data, recompute_note=(f"Recomputed tensors are not listed: {why}."
+                                                         if recomputes else ""))
+    schedule = recompute = None
+    note = ""
+    try:
+        schedule = schedule_summary(traced.graph, config)
+    except Exception as exc:  # a graph the scheduler cannot order must not cost the whole report
+        log.warning("could not summarise the schedule: %s", exc)
+    if recomputes:
+        from .recompute import recompute_summary
+
+        try:
+            recompute = recompute_summary(traced.graph, config, batch=rec.batch_size,
+                                          device=_simulator_device(study_attrs, rec), trials=data.trials,
+                                          prefer_trial=data.recommended_trial)
+        except Exception as exc:
+            log.warning("could not simulate recomputation: %s", exc)
+            note = f"Recomputation could not be simulated ({type(exc).__name__}: {exc})."
+    return dataclasses.replace(data, schedule=schedule, recompute=recompute, recompute_note=note)
 
 
 def _with_timeline(data: ReportData, timeline: Any, note: str) -> ReportData:

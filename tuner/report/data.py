@@ -40,7 +40,8 @@ KNOB_COLUMNS = KNOB_TABLE.columns
 
 _RECORD_COLUMNS = ("batch_size", "throughput", "peak_device_bytes", "peak_source", "backend",
                    "measured", "predicted_peak_bytes", "predicted_throughput", "status", "reason",
-                   "predicted_batch")  # the last: the simulator's max batch, recorded by the search
+                   "predicted_batch",  # the simulator's max batch, recorded by the search
+                   "step_time_median_s")  # a measured trial's median step time
 
 
 # ---- trials ----------------------------------------------------------------------------------
@@ -76,7 +77,7 @@ def trials_frame(trials: Iterable[Any], *, table: KnobTable = KNOB_TABLE) -> pd.
     columns = ["number", "state", *_RECORD_COLUMNS, *table.columns, "config", "params", "constraint"]
     df = pd.DataFrame(rows, columns=columns)
     for col in ("batch_size", "throughput", "peak_device_bytes", "predicted_peak_bytes",
-                "predicted_throughput", "predicted_batch", "constraint"):
+                "predicted_throughput", "predicted_batch", "step_time_median_s", "constraint"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     df["measured"] = df["measured"].map(lambda v: bool(v) if v is not None and v == v else False)
     df["reason"] = df["reason"].fillna("").astype(str)
@@ -385,6 +386,11 @@ class ReportData:
             measured runs (``<study>.simulated``) and its `trials_frame`, if any.
         timeline: the memory timeline (`tuner.report.timeline.Timeline`), or None.
         timeline_note: what the timeline shows, or why there is none.
+        schedule: the recommended config's ordering (`tuner.report.schedule.ScheduleSummary`), or None
+            (no recommendation or no traced graph).
+        recompute: what recomputation bought the recommended config
+            (`tuner.report.recompute.RecomputeSummary`), or None.
+        recompute_note: why there is no `recompute` although the config recomputes ("" otherwise).
         knob_table: the knobs shown (`tuner.knobs.KNOB_TABLE`: `LMSConfig`'s fields).
     """
 
@@ -407,6 +413,9 @@ class ReportData:
     timeline: Any = None
     timeline_note: str = ""
     knob_table: KnobTable = KNOB_TABLE
+    schedule: Any = None
+    recompute: Any = None
+    recompute_note: str = ""
 
     def row(self, number: int | None) -> Mapping[str, Any] | None:
         """The trials-frame row of trial `number` as a dict, or None."""

@@ -307,7 +307,90 @@ def _timeline(data: ReportData, images: Mapping[str, Image]) -> str:
                 for s in tl.series]
         table = _table(["series", "source", "batch", "peak", "step (ms)", "swap-outs", "swap-ins",
                         "bytes swapped out"], rows, numeric=(2, 3, 4, 5, 6, 7))
-    return f'<section id="timeline"><h2>Memory over one training step</h2>{body}{table}</section>'
+    return (f'<section id="timeline"><h2>Memory over one training step</h2>{body}{table}'
+            f"{_op_order(data)}</section>")
+
+
+def _op_order(data: ReportData) -> str:
+    """Which order the recommended config runs the ops in: TF's, or a pinned one and the candidates scored."""
+    sched = data.schedule
+    if sched is None:
+        return ""
+    no_recompute = ""
+    if data.recommendation is not None and data.recommendation.config.get("recompute", "none") == "none":
+        no_recompute = ('<p class="note" id="no-recompute">Nothing is recomputed (recompute=\'none\'): the backward '
+                        "pass keeps or swaps every tensor it reads.</p>")
+    if not sched.pinned:
+        return (f'<div id="schedule"><h3>Op order</h3><p class="note">{_e(sched.sentence)}</p></div>'
+                f"{no_recompute}")
+    rows = [[_e(c.name) + (" ✓" if c.chosen else ""), _e(c.description), fmt_bytes(c.peak_bytes),
+             fmt_int(c.peak_bytes),
+             "chosen" if c.chosen else _signed_bytes(c.peak_bytes - _chosen_peak(sched))]
+            for c in sched.candidates]
+    table = _table(["scheduler", "order", "peak (PREDICTED)", "bytes", "vs chosen"], rows,
+                   row_classes=["rec" if c.chosen else "" for c in sched.candidates], numeric=(2, 3, 4),
+                   cls="schedule")
+    about = (f"Candidates scored by lms.schedule at batch {sched.scoring_batch}: the PREDICTED peak of the order "
+             "TF's executor runs with each candidate's pins, under the scheduler's liveness model (no "
+             "temporaries; the timeline above adds them), lowest first.")
+    return (f'<div id="schedule"><h3>Op order: scheduler {_e(sched.chosen)}, pinned</h3>'
+            f'{table}<p class="note">{_e(about)}</p></div>{no_recompute}')
+
+
+def _chosen_peak(sched: Any) -> int:
+    return next(c.peak_bytes for c in sched.candidates if c.chosen)
+
+
+def _signed_bytes(delta: int) -> str:
+    return "±0" if delta == 0 else ("+" if delta > 0 else "-") + fmt_bytes(abs(delta))
+
+
+def _bytes_exact(value: Any) -> str:
+    return f"{fmt_bytes(value)} ({fmt_int(value)} B)"
+
+
+def _ms(seconds: float | None, *, signed: bool = False) -> str:
+    if seconds is None:
+        return "–"
+    return f"{seconds * 1e3:+.2f} ms" if signed else f"{seconds * 1e3:.2f} ms"
+
+
+def _recompute(data: ReportData) -> str:
+    """The recomputed tensors, the link bytes they save and the time they cost (only when the config recomputes)."""
+    r = data.recompute
+    if r is None:
+        return (f'<section id="recompute"><h2>Recomputation</h2><p class="note">{_e(data.recompute_note)}</p></section>'
+                if data.recompute_note else "")
+    label = _e(f"recompute={r.recompute!r}")
+    n_clones = sum(len(t.cloned_ops) for t in r.tensors)
+    intro = (f"The recommended config rebuilds {len(r.tensors)} saved tensors in the backward pass ({label}) by "
+             f"running {n_clones} forward ops again, instead of keeping them on the device or swapping them: "
+             f"{_e(_bytes_exact(r.recomputed_bytes))} per step at batch {r.batch} (PREDICTED from the traced graph's "
+             "shapes).")
+    rows = [[f"<code>{_e(t.tensor)}</code>", _e(t.op_type), _bytes_exact(t.nbytes), _bytes_exact(t.link_bytes_without),
+             "<br>".join(f"<code>{_e(op)}</code>" for op in t.cloned_ops)] for t in r.tensors]
+    tensors = _table(["tensor", "op type", "bytes per step (PREDICTED)",
+                      "link bytes per step with recompute='none' (PREDICTED)", "ops cloned"], rows,
+                     numeric=(2, 3), cls="recompute")
+    where = f"simulator, {r.device} profile" if r.device else "simulator, no device profile: no times"
+    figures = [
+        ["host link bytes per step", _bytes_exact(r.link_bytes), _bytes_exact(r.link_bytes_without),
+         (f"{_bytes_exact(r.link_bytes_saved)} saved" if r.link_bytes_saved >= 0
+          else f"{_bytes_exact(-r.link_bytes_saved)} more"), f"PREDICTED ({_e(where)})"],
+        ["step time", _ms(r.step_time_s), _ms(r.step_time_without_s), _ms(r.time_cost_s, signed=True),
+         f"PREDICTED ({_e(where)})"],
+        ["peak device memory", _bytes_exact(r.peak_bytes), _bytes_exact(r.peak_bytes_without),
+         _signed_bytes(r.peak_bytes - r.peak_bytes_without), f"PREDICTED ({_e(where)})"],
+    ]
+    m = r.measured
+    if m is not None:
+        figures.append([f"step time (trials #{m.trial} and #{m.trial_without})", _ms(m.step_time_s),
+                        _ms(m.step_time_without_s), _ms(m.time_cost_s, signed=True),
+                        f"MEASURED ({_e(m.backend)} backend)"])
+    summary = _table(["at batch " + fmt_int(r.batch), label, "recompute='none'", "difference", "figures are"],
+                     figures, numeric=(1, 2, 3), cls="recompute-figures")
+    return (f'<section id="recompute"><h2>Recomputation</h2><p>{intro}</p>{tensors}{summary}'
+            f'<p class="note" id="recompute-measured">{_e(r.measured_note)}</p></section>')
 
 
 def _knobs(data: ReportData, images: Mapping[str, Image]) -> str:
@@ -416,6 +499,7 @@ def render_html(data: ReportData, images: Mapping[str, Image], *, files: Sequenc
         '<meta name="referrer" content="no-referrer">'
         f"<title>LMS tuning report: {_e(data.study_name)}</title><style>{_STYLE}</style></head><body>\n"
         + _header(data) + "\n" + _recommendation(data) + "\n" + _pareto(data, images) + "\n"
-        + _timeline(data, images) + "\n" + _knobs(data, images) + "\n" + _trial_table(data) + "\n"
+        + _timeline(data, images) + "\n" + _recompute(data) + "\n" + _knobs(data, images) + "\n"
+        + _trial_table(data) + "\n"
         + f"<footer>Written by <code>python -m tuner report</code>. Files beside this page: {listed or '–'}."
         "</footer>\n</body></html>\n")
