@@ -19,8 +19,14 @@ unknown when tracing (one trace per process). Three figures (issue 14):
    LMS and with LMS (TF's order, and the memory schedule); target: >= 4.5x the
    batch at >= 0.8x the throughput.
 
+``--parts causes`` explains figure 1 from TF's allocator log (small models, 2
+processes each, oneDNN on and off): whether the executed allocation sequence
+(the op order) is the same in every step and every process, and how far the
+allocator's peak (chunk bytes) and the requested-bytes peak spread.
+
     nice -n 10 python benchmarks/schedule_emulated.py                # all three (about 30-60 min on 2 cores)
     nice -n 10 python benchmarks/schedule_emulated.py --parts repeat cost
+    nice -n 10 python benchmarks/schedule_emulated.py --parts causes   # why the peaks do not repeat
 
 Prints a summary and writes benchmarks/results/schedule_emulated.json.
 """
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -219,20 +226,140 @@ def _max_batch_run(graph: Any, name: str, options: dict[str, Any], budget: int) 
     return rows
 
 
+# ---------------------------------------------------------------- why the peaks do not repeat
+
+# `--parts causes`: the same step in fresh processes with TF's BFC allocator logging every allocation
+# (TF_CPP_VMODULE=bfc_allocator=3: requested sizes, no stack traces). Steps are told apart by a marker
+# allocation made between them. Per step: the allocator's peak (what `measure_step` reports: chunk
+# bytes, internal fragmentation included), the peak of the *requested* bytes, and a digest of the
+# allocation sequence (the executed op order, as the allocator saw it).
+CAUSE_MODELS = ("mlp", "cnn_bn", "residual", "resnet50")
+CAUSE_PROCESSES = 2
+_MARKER_ELEMENTS = 77777  # float32: 311,108 bytes, a size no zoo step allocates
+_ALLOC_LINE = re.compile(r"\] (AllocateRaw|DeallocateRaw) \S+\s+(\d+)$")
+
+
+def cause_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec`'s step under the single-threaded executor, a marker allocation before each step."""
+    os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+    import tensorflow as tf
+
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    import lms
+    from lms.tf.train import make_train_step
+    from tuner.models import load_workload
+
+    workload = load_workload(spec["model"], **spec["options"])
+    config = LMSConfig.from_dict(spec["config"])
+    step = make_train_step(workload.build_model(), workload.loss_fn, workload.make_optimizer())
+    fn = lms.function(step, config=config, emulate=True, input_signature=[workload.x_spec(), workload.y_spec()],
+                      autograph=False)
+    x, y = workload.make_batch(spec["batch"], 0)
+    data = (tf.convert_to_tensor(x), tf.convert_to_tensor(y))
+    peaks = []
+    with tf.experimental.function_executor_type("SINGLE_THREADED_EXECUTOR"):
+        for _ in range(spec["steps"]):
+            marker = tf.fill([_MARKER_ELEMENTS], 0.0)
+            tf.config.experimental.reset_memory_stats("CPU:0")
+            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, fn(*data))
+            peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"])
+            del marker
+    tf.fill([_MARKER_ELEMENTS], 0.0)  # closes the last step
+    return {"bfc_peaks_bytes": peaks}
+
+
+def _allocation_steps(log_text: str) -> list[list[tuple[str, int]]]:
+    """The allocator's log split at the marker allocations: per step, ``(kind, requested bytes)`` in order."""
+    steps: list[list[tuple[str, int]]] = []
+    current: list[tuple[str, int]] | None = None
+    for line in log_text.splitlines():
+        m = _ALLOC_LINE.search(line)
+        if not m:
+            continue
+        kind, size = m.group(1)[0], int(m.group(2))
+        if kind == "A" and size == _MARKER_ELEMENTS * 4:
+            current = []
+            steps.append(current)
+        elif current is not None:
+            current.append((kind, size))
+    return steps
+
+
+def _requested_peak(events: list[tuple[str, int]]) -> int:
+    live = peak = 0
+    for kind, size in events:
+        live += size if kind == "A" else -size
+        peak = max(peak, live)
+    return peak
+
+
+def _spread(values: list[int]) -> float:
+    return (max(values) - min(values)) / min(values) if values and min(values) > 0 else 0.0
+
+
+def causes(models: list[str]) -> dict[str, Any]:
+    import hashlib
+
+    rows = []
+    for name in models:
+        options, batch = ZOO[name]
+        for onednn in (True, False):
+            procs = []
+            for _ in range(CAUSE_PROCESSES):
+                spec = {"model": name, "options": options, "config": REPEAT_CONFIG.to_dict(), "batch": batch,
+                        "steps": 4}
+                env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="0",
+                           TF_CPP_VMODULE="bfc_allocator=3", TF_ENABLE_ONEDNN_OPTS="1" if onednn else "0",
+                           CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
+                proc = subprocess.run([sys.executable, __file__, "--cause-child", json.dumps(spec)], cwd=ROOT,
+                                      env=env, capture_output=True, text=True, timeout=1800)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"child {name} failed:\n{proc.stderr[-3000:]}")
+                bfc = json.loads(proc.stdout.strip().splitlines()[-1])["bfc_peaks_bytes"]
+                steps = _allocation_steps(proc.stderr)[1:-1]  # the first instantiates the function; the end
+                procs.append({"bfc_peaks_bytes": bfc[1:], "requested_peaks_bytes": [_requested_peak(s) for s in steps],
+                              "sequence_digests": [hashlib.sha1(repr(s).encode()).hexdigest()[:12] for s in steps]})
+            same_order_in_process = all(len(set(p["sequence_digests"])) == 1 for p in procs)
+            same_order_across = len({d for p in procs for d in p["sequence_digests"]}) == 1
+            row = {"model": name, "batch": batch, "onednn": onednn, "processes": procs,
+                   "same_order_within_each_process": same_order_in_process,
+                   "same_order_across_processes": same_order_across,
+                   "bfc_spread_within_process": max(_spread(p["bfc_peaks_bytes"]) for p in procs),
+                   "requested_spread_within_process": max(_spread(p["requested_peaks_bytes"]) for p in procs),
+                   "bfc_spread_across_processes": _spread([v for p in procs for v in p["bfc_peaks_bytes"]]),
+                   "requested_spread_across_processes": _spread([v for p in procs
+                                                                 for v in p["requested_peaks_bytes"]])}
+            print(f"  {name:9s} oneDNN {'on ' if onednn else 'off'}: order same in each process "
+                  f"{same_order_in_process}, across {same_order_across}; BFC peak spread "
+                  f"{row['bfc_spread_within_process']:.1%} in a process, {row['bfc_spread_across_processes']:.1%} "
+                  f"across; requested-bytes peak spread {row['requested_spread_within_process']:.2%} / "
+                  f"{row['requested_spread_across_processes']:.2%}", flush=True)
+            rows.append(row)
+    return {"config": REPEAT_CONFIG.to_dict(), "processes": CAUSE_PROCESSES, "rows": rows,
+            "method": "TF_CPP_VMODULE=bfc_allocator=3 logs every allocation's requested size; steps split at a "
+                      "marker allocation; steps after the first (which instantiates the function)"}
+
+
 # ---------------------------------------------------------------- CLI
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", nargs="+", choices=("repeat", "cost", "batch"), default=["repeat", "cost", "batch"],
-                        help="which figures to measure (default: all three)")
+    parser.add_argument("--parts", nargs="+", choices=("repeat", "cost", "batch", "causes"),
+                        default=["repeat", "cost", "batch"],
+                        help="which figures to measure (default: the three targets; 'causes': why peaks do not "
+                             "repeat, from the allocator's log)")
     parser.add_argument("--models", nargs="+", choices=list(ZOO), default=list(ZOO),
                         help="zoo models for the repeatability part")
     parser.add_argument("--batch-runs", type=int, default=3,
                         help="max-batch searches per config (the figures are medians; default 3)")
     parser.add_argument("--child", type=str, help=argparse.SUPPRESS)
+    parser.add_argument("--cause-child", type=str, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
+        return 0
+    if args.cause_child:
+        print(json.dumps(cause_child(json.loads(args.cause_child))))
         return 0
     doc: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     doc.update({"label": LABEL, "device": "emulated (CPU, TF BFC allocator, single-threaded executor)",
@@ -249,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     if "cost" in args.parts:
         print("pinning cost (n_tensors=0, schedule='memory' vs plain):", flush=True)
         doc["pinning_cost"] = pinning_cost()
+    if "causes" in args.parts:
+        print("why per-step peaks do not repeat (allocator log, 2 processes, oneDNN on and off):", flush=True)
+        doc["causes"] = causes([m for m in args.models if m in CAUSE_MODELS] or list(CAUSE_MODELS))
     if "batch" in args.parts:
         print("max batch under the tuner's default emulated budget:", flush=True)
         doc["max_batch"] = max_batches(args.batch_runs)
