@@ -196,16 +196,20 @@ class Graph:
         return self._index.control_outputs.get(op, ())
 
     def predecessors(self, op: str) -> tuple[str, ...]:
-        o = self.ops[op]
-        return tuple(dict.fromkeys(o.input_ops + o.control_inputs))
+        """Producers of `op`'s inputs, then its control inputs, each once."""
+        return self._predecessors[op]
+
+    @cached_property
+    def _predecessors(self) -> Mapping[str, tuple[str, ...]]:
+        return {name: tuple(dict.fromkeys(o.input_ops + o.control_inputs)) for name, o in self.ops.items()}
 
     @cached_property
     def successors(self) -> Mapping[str, tuple[str, ...]]:
         succ: dict[str, list[str]] = {name: [] for name in self.ops}
-        for op in self.ops.values():
-            for p in dict.fromkeys(op.input_ops + op.control_inputs):
+        for name, preds in self._predecessors.items():
+            for p in preds:
                 if p in succ:
-                    succ[p].append(op.name)
+                    succ[p].append(name)
         return {k: tuple(v) for k, v in succ.items()}
 
     @cached_property
@@ -213,10 +217,8 @@ class Graph:
         """Kahn's algorithm, ties broken by creation order. Raises on a cycle."""
         position = {name: i for i, name in enumerate(self.ops)}
         indegree = {name: 0 for name in self.ops}
-        for op in self.ops.values():
-            for p in dict.fromkeys(op.input_ops + op.control_inputs):
-                if p in indegree:
-                    indegree[op.name] += 1
+        for name, preds in self._predecessors.items():
+            indegree[name] = sum(p in indegree for p in preds)
         heap = [(position[n], n) for n, d in indegree.items() if d == 0]
         heapq.heapify(heap)
         order: list[str] = []
