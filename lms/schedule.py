@@ -168,6 +168,8 @@ class Schedule:
                 if name not in pinnable:
                     raise ScheduleError(f"pin {a!r} -> {b!r}: {name!r} ({graph.ops[name].type}) is not pinnable: "
                                         "a control edge on it would change TF's rewrites")
+        if self.order and self._is_topological(graph):
+            return  # a topological order of the graph plus the pins: acyclic, a permutation, respected
         try:
             pinned = pin_graph(graph, self.pins)
             pinned.topological_order
@@ -183,6 +185,17 @@ class Schedule:
             for p in pinned.predecessors(op.name):
                 if pos[p] > pos[op.name]:
                     raise ScheduleError(f"order runs {op.name!r} before its input {p!r}")
+
+
+    def _is_topological(self, graph: Graph) -> bool:
+        """True when `order` is a permutation of `graph`'s ops that runs every op after its inputs and pins."""
+        if len(self.order) != len(graph.ops):
+            return False
+        pos = {n: i for i, n in enumerate(self.order)}
+        if len(pos) != len(graph.ops) or any(n not in pos for n in graph.ops):
+            return False
+        return (all(pos[p] < i for i, n in enumerate(self.order) for p in graph.predecessors(n))
+                and all(pos[a] < pos[b] for a, b in self.pins if a != b))
 
 
 # ---- the graph the schedule is for -------------------------------------------------------------
@@ -670,8 +683,10 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
         name: _chain_pins(g, m, order, pinnable) for name, order in candidates.items()}
     pins_of["tf"] = ()  # TF's own order, nothing pinned: the pass never does worse than without it
     executor = _ExecutorModel(g, m)
-    candidates["tf"] = executor.orders(())[1]
-    scored: dict[tuple[tuple[str, str], ...], int] = {}  # candidates often pin alike: score each pin set once
+    tf_orders = executor.orders(())
+    candidates["tf"] = tf_orders[1]
+    # candidates often pin alike: score each pin set once
+    scored: dict[tuple[tuple[str, str], ...], int] = {(): max(_peak(m, order) for order in tf_orders)}
     peaks = {name: scored.setdefault(pins, executor.peak(pins)) if pins not in scored else scored[pins]
              for name, pins in pins_of.items()}
     chosen = min(peaks, key=lambda k: (peaks[k], list(candidates).index(k)))
