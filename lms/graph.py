@@ -118,8 +118,9 @@ class Op:
     def scope(self) -> str:
         return self.name.rsplit("/", 1)[0] if "/" in self.name else ""
 
-    @property
+    @cached_property
     def input_ops(self) -> tuple[str, ...]:
+        """Producers of `inputs` (one per input; cached: graphs derived from a graph share its ops)."""
         return tuple(t.rsplit(":", 1)[0] for t in self.inputs)
 
 

@@ -783,7 +783,7 @@ class _ExecutorModel:
                 continue
             visited[i] = 1
             stack.append(~i)
-            stack.extend(s for s in reversed(succs[i]) if not visited[s])
+            stack.extend(reversed(succs[i]))  # visited ones are skipped when popped
         post.reverse()
         if len(executor) != len(succs) or len(post) != len(succs):
             raise GraphError("the pins make a cycle (TF's executor could not run every op)")
