@@ -170,16 +170,18 @@ class Graph:
     # ---- indexes -----------------------------------------------------------------
     @cached_property
     def _index(self) -> _Index:
-        consumers: dict[str, list[str]] = {t: [] for t in self.tensors}
-        control_outputs: dict[str, list[str]] = {o: [] for o in self.ops}
+        # Tuples grown one reader at a time, not a list per tensor: tuples of names leave the cyclic GC's
+        # books at its next pass, lists stay on them (in a TF process a full collection scans the whole heap).
+        consumers: dict[str, tuple[str, ...]] = {}
+        control_outputs: dict[str, tuple[str, ...]] = {}
         for op in self.ops.values():
             for t in op.inputs:
-                consumers.setdefault(t, []).append(op.name)
+                consumers[t] = consumers.get(t, ()) + (op.name,)
             for c in op.control_inputs:
-                control_outputs.setdefault(c, []).append(op.name)
+                control_outputs[c] = control_outputs.get(c, ()) + (op.name,)
         return _Index(
-            consumers={k: tuple(dict.fromkeys(v)) for k, v in consumers.items()},
-            control_outputs={k: tuple(v) for k, v in control_outputs.items()},
+            consumers={k: tuple(dict.fromkeys(v)) if len(v) > 1 else v for k, v in consumers.items()},
+            control_outputs=control_outputs,
         )
 
     def producer(self, tensor: str) -> Op:
@@ -191,7 +193,15 @@ class Graph:
 
     def data_consumers(self, tensor: str) -> tuple[str, ...]:
         """Consumers that read the tensor's data (shape-only readers excluded)."""
-        return tuple(c for c in self.consumers(tensor) if self.ops[c].type not in SHAPE_ONLY_TYPES)
+        found = self._data_consumers.get(tensor)
+        if found is None:
+            found = self._data_consumers[tensor] = tuple(
+                c for c in self.consumers(tensor) if self.ops[c].type not in SHAPE_ONLY_TYPES)
+        return found
+
+    @cached_property
+    def _data_consumers(self) -> dict[str, tuple[str, ...]]:
+        return {}  # filled as asked (`data_consumers`)
 
     def control_outputs(self, op: str) -> tuple[str, ...]:
         return self._index.control_outputs.get(op, ())
@@ -206,12 +216,12 @@ class Graph:
 
     @cached_property
     def successors(self) -> Mapping[str, tuple[str, ...]]:
-        succ: dict[str, list[str]] = {name: [] for name in self.ops}
-        for name, preds in self._predecessors.items():
+        succ: dict[str, tuple[str, ...]] = dict.fromkeys(self.ops, ())
+        for name, preds in self._predecessors.items():  # tuples, not lists: see `_index`
             for p in preds:
                 if p in succ:
-                    succ[p].append(name)
-        return {k: tuple(v) for k, v in succ.items()}
+                    succ[p] += (name,)
+        return succ
 
     @cached_property
     def topological_order(self) -> tuple[str, ...]:

@@ -396,7 +396,8 @@ def _model(g: Graph, batch: int) -> _Model:
     index = {n: i for i, n in enumerate(names)}
     buf_of: dict[str, int] = {}
     buf_size: list[int] = []
-    owns: list[list[int]] = [[] for _ in names]
+    buf_owner: list[int] = []
+    owns: list[tuple[int, ...]] = [()] * len(names)  # tuples, not lists: see `Graph._index`
     for name in g.topological_order:
         op = g.ops[name]
         i = index[name]
@@ -414,29 +415,27 @@ def _model(g: Graph, batch: int) -> _Model:
                 continue
             buf_of[t] = len(buf_size)
             buf_size.append(-(-size // 256) * 256)
-            owns[i].append(buf_of[t])
-    readers: list[set[int]] = [set() for _ in buf_size]
+            buf_owner.append(i)
+            owns[i] += (buf_of[t],)
+    readers: list[tuple[int, ...]] = [()] * len(buf_size)  # ascending: ops are visited in index order
     reads: list[tuple[int, ...]] = []
     for i, name in enumerate(names):
         op = g.ops[name]
         bufs = {buf_of[t] for t in op.inputs if buf_of.get(t, -1) >= 0}  # a view holds its buffer too
         reads.append(tuple(sorted(bufs)))
         for b in bufs:
-            readers[b].add(i)
+            readers[b] += (i,)
     preds = tuple(tuple(index[p] for p in g.predecessors(n) if p in index) for n in names)
     succs = tuple(tuple(index[s] for s in g.successors[n]) for n in names)
     sizes = np.asarray(buf_size, dtype=np.int64)
-    alloc = np.asarray([int(sizes[list(o)].sum()) if o else 0 for o in owns], dtype=np.int64)
-    buf_readers = tuple(tuple(sorted(r)) for r in readers)
-    buf_owner = np.zeros(len(buf_size), dtype=np.int64)
-    for i, owned in enumerate(owns):
-        buf_owner[owned] = i
+    alloc = np.asarray([sum(buf_size[b] for b in o) for o in owns], dtype=np.int64)
+    buf_readers = tuple(readers)
     counts = np.asarray([len(r) for r in buf_readers], dtype=np.int64)
     starts = np.concatenate(([0], np.cumsum(counts)[:-1])) if len(counts) else counts
     return _Model(names=names, index=index, preds=preds, succs=succs, alloc=alloc, reads=tuple(reads),
-                  owns=tuple(tuple(o) for o in owns), buf_size=sizes, buf_readers=buf_readers,
+                  owns=tuple(owns), buf_size=sizes, buf_readers=buf_readers,
                   roles=tuple(g.ops[n].role for n in names), types=tuple(g.ops[n].type for n in names),
-                  buf_owner=buf_owner,
+                  buf_owner=np.asarray(buf_owner, dtype=np.int64),
                   read_ops=np.asarray([r for rs in buf_readers for r in rs], dtype=np.int64),
                   read_starts=starts[counts > 0], has_readers=counts > 0)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,10 +27,19 @@ from tests.test_schedule import two_branches
 
 DIGESTS = Path(__file__).parent / "fixtures" / "schedule_digests.json"
 
+def shuffled(graph: Graph, seed: int) -> Graph:
+    """`graph` with its ops in another creation order (creation order no longer topological)."""
+    ops = list(graph.ops.values())
+    random.Random(seed).shuffle(ops)
+    return Graph(ops, graph.tensors.values(), batch_size=graph.batch_size, name=graph.name)
+
+
 GRAPHS: dict[str, Callable[[], Graph]] = {
     "chain6": lambda: chain(6), "diamond": diamond, "residual2": lambda: residual(2),
     "residual4": lambda: residual(4), "two_branches": two_branches, "long_skip6": lambda: long_skip(6),
     "bn_relu3": lambda: bn_relu_blocks(3), "bn_relu3_dropout": lambda: bn_relu_blocks(3, dropout=True),
+    "residual4_shuffled": lambda: shuffled(residual(4), 0),
+    "bn_relu3_dropout_shuffled": lambda: shuffled(bn_relu_blocks(3, dropout=True), 1),
 }
 CONFIGS: dict[str, dict[str, Any]] = {
     "memory": {"n_tensors": 0, "schedule": "memory"},
