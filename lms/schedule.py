@@ -63,7 +63,7 @@ import heapq
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -185,7 +185,6 @@ class Schedule:
             for p in pinned.predecessors(op.name):
                 if pos[p] > pos[op.name]:
                     raise ScheduleError(f"order runs {op.name!r} before its input {p!r}")
-
 
     def _is_topological(self, graph: Graph) -> bool:
         """True when `order` is a permutation of `graph`'s ops that runs every op after its inputs and pins."""
@@ -738,7 +737,7 @@ class _ExecutorModel:
         self.roots = [i for i in range(len(m.names)) if not m.preds[i]]  # pins end on ops with inputs
         self.ranked_roots = sorted(self.roots, key=lambda i: _root_rank(g, m.names[i]))
 
-    def _pinned(self, pins: tuple[tuple[str, str], ...]) -> tuple[Any, list[int]]:
+    def _pinned(self, pins: tuple[tuple[str, str], ...]) -> tuple[Sequence[Sequence[int]], Sequence[int]]:
         """Successor lists and predecessor counts of the graph with `pins` added."""
         if not pins:
             return self.succs, self.n_preds
