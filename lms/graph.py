@@ -22,10 +22,10 @@ import enum
 import heapq
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable, Iterator, Mapping
+from typing import Hashable, Iterable, Iterator, Mapping, TypeVar
 
 __all__ = [
-    "Role", "Op", "Tensor", "Graph", "GraphError", "SHAPE_ONLY_TYPES", "dtype_size",
+    "Role", "Op", "Tensor", "Graph", "GraphError", "SHAPE_ONLY_TYPES", "dtype_size", "group_pairs",
 ]
 
 
@@ -47,6 +47,35 @@ _DTYPE_SIZES = {
     "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4,
     "int64": 8, "uint64": 8, "bool": 1, "complex64": 8, "complex128": 16,
 }
+
+
+_K = TypeVar("_K", bound=Hashable)
+_V = TypeVar("_V")
+_LONG_GROUP = 32
+
+
+def group_pairs(pairs: Iterable[tuple[_K, _V]], into: dict[_K, tuple[_V, ...]] | None = None) -> dict[_K, tuple[_V, ...]]:
+    """``{key: (value, ...)}`` from ``(key, value)`` pairs, values in the order given (added to `into`).
+
+    Builds tuples, not a list per key: in a TF process the cyclic GC keeps every
+    live list on its books and promotes it, and thousands of per-op lists tip a
+    full collection of the whole heap (0.3-0.5 s on a ResNet-50 trace) into
+    LMS's rewrite; tuples of names and numbers leave the books at its next pass.
+    A key with many values collects them in a list (linear time, however many).
+    """
+    out: dict[_K, tuple[_V, ...]] = {} if into is None else into
+    long: dict[_K, list[_V]] = {}
+    for key, value in pairs:
+        if key in long:
+            long[key].append(value)
+            continue
+        grown = out.get(key, ()) + (value,)
+        out[key] = grown
+        if len(grown) >= _LONG_GROUP:
+            long[key] = list(grown)
+    for key, values in long.items():
+        out[key] = tuple(values)
+    return out
 
 
 def dtype_size(dtype: str) -> int:
@@ -170,18 +199,11 @@ class Graph:
     # ---- indexes -----------------------------------------------------------------
     @cached_property
     def _index(self) -> _Index:
-        # Tuples grown one reader at a time, not a list per tensor: tuples of names leave the cyclic GC's
-        # books at its next pass, lists stay on them (in a TF process a full collection scans the whole heap).
-        consumers: dict[str, tuple[str, ...]] = {}
-        control_outputs: dict[str, tuple[str, ...]] = {}
-        for op in self.ops.values():
-            for t in op.inputs:
-                consumers[t] = consumers.get(t, ()) + (op.name,)
-            for c in op.control_inputs:
-                control_outputs[c] = control_outputs.get(c, ()) + (op.name,)
+        ops = self.ops.values()
+        consumers = group_pairs((t, op.name) for op in ops for t in op.inputs)
         return _Index(
             consumers={k: tuple(dict.fromkeys(v)) if len(v) > 1 else v for k, v in consumers.items()},
-            control_outputs=control_outputs,
+            control_outputs=group_pairs((c, op.name) for op in ops for c in op.control_inputs),
         )
 
     def producer(self, tensor: str) -> Op:
@@ -216,12 +238,8 @@ class Graph:
 
     @cached_property
     def successors(self) -> Mapping[str, tuple[str, ...]]:
-        succ: dict[str, tuple[str, ...]] = dict.fromkeys(self.ops, ())
-        for name, preds in self._predecessors.items():  # tuples, not lists: see `_index`
-            for p in preds:
-                if p in succ:
-                    succ[p] += (name,)
-        return succ
+        return group_pairs(((p, name) for name, preds in self._predecessors.items() for p in preds if p in self.ops),
+                           into=dict.fromkeys(self.ops, ()))
 
     @cached_property
     def topological_order(self) -> tuple[str, ...]:

@@ -69,7 +69,7 @@ import numpy as np
 
 from .anchor import merged_pairs, pinnable_ops
 from .config import LMSConfig, serialization_levels
-from .graph import SHAPE_ONLY_TYPES, Graph, GraphError, Op, Role
+from .graph import SHAPE_ONLY_TYPES, Graph, GraphError, Op, Role, group_pairs
 from .plan import HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
 
 __all__ = ["Schedule", "ScheduleError", "schedule_ops", "pin_graph", "order_peak", "ordering_edges",
@@ -396,7 +396,7 @@ def _model(g: Graph, batch: int) -> _Model:
     buf_of: dict[str, int] = {}
     buf_size: list[int] = []
     buf_owner: list[int] = []
-    owns: list[tuple[int, ...]] = [()] * len(names)  # tuples, not lists: see `Graph._index`
+    owns: list[tuple[int, ...]] = [()] * len(names)  # tuples, not lists: see `lms.graph.group_pairs`
     for name in g.topological_order:
         op = g.ops[name]
         i = index[name]
@@ -416,19 +416,16 @@ def _model(g: Graph, batch: int) -> _Model:
             buf_size.append(-(-size // 256) * 256)
             buf_owner.append(i)
             owns[i] += (buf_of[t],)
-    readers: list[tuple[int, ...]] = [()] * len(buf_size)  # ascending: ops are visited in index order
     reads: list[tuple[int, ...]] = []
-    for i, name in enumerate(names):
-        op = g.ops[name]
-        bufs = {buf_of[t] for t in op.inputs if buf_of.get(t, -1) >= 0}  # a view holds its buffer too
+    for name in names:
+        bufs = {buf_of[t] for t in g.ops[name].inputs if buf_of.get(t, -1) >= 0}  # a view holds its buffer too
         reads.append(tuple(sorted(bufs)))
-        for b in bufs:
-            readers[b] += (i,)
+    readers = group_pairs((b, i) for i, bufs in enumerate(reads) for b in bufs)  # ascending op indexes
     preds = tuple(tuple(index[p] for p in g.predecessors(n) if p in index) for n in names)
     succs = tuple(tuple(index[s] for s in g.successors[n]) for n in names)
     sizes = np.asarray(buf_size, dtype=np.int64)
     alloc = np.asarray([sum(buf_size[b] for b in o) for o in owns], dtype=np.int64)
-    buf_readers = tuple(readers)
+    buf_readers = tuple(readers.get(b, ()) for b in range(len(buf_size)))
     counts = np.asarray([len(r) for r in buf_readers], dtype=np.int64)
     starts = np.concatenate(([0], np.cumsum(counts)[:-1])) if len(counts) else counts
     return _Model(names=names, index=index, preds=preds, succs=succs, alloc=alloc, reads=tuple(reads),

@@ -31,6 +31,8 @@ from typing import Any, Iterable
 
 import tensorflow as tf
 
+from ..graph import group_pairs
+
 
 __all__ = ["PinnedSchedule", "apply_schedule", "pinned_edges_survived"]
 
@@ -105,21 +107,20 @@ def _cycle_with(graph: tf.Graph, extra: list[tuple[tf.Operation, tf.Operation]])
 
     ops = graph.get_operations()
     index = {op.name: i for i, op in enumerate(ops)}
-    succs: list[tuple[int, ...]] = [()] * len(ops)  # tuples: no list per op for the cyclic GC to promote
-    indeg = [0] * len(ops)
+    edges: list[tuple[int, int]] = []
     accesses: list[tuple[str, str, bool]] = []
     for i, op in enumerate(ops):
         inputs = op.inputs
-        for p in {t.op.name for t in inputs} | {c.name for c in op.control_inputs}:
-            if p in index:
-                succs[index[p]] += (i,)
-                indeg[i] += 1
+        edges.extend((index[p], i) for p in {t.op.name for t in inputs} | {c.name for c in op.control_inputs}
+                     if p in index)
         accesses.extend((op.name, t.name, op.type not in RESOURCE_READ_TYPES) for t in inputs
                         if t.dtype == tf.resource)
-    edges = [(index[src.name], index[dst.name]) for src, dst in extra]
+    edges += [(index[src.name], index[dst.name]) for src, dst in extra]
     edges += [(index[a], index[b]) for a, b in resource_order_edges(accesses)]
-    for src, dst in edges:
-        succs[src] += (dst,)
+    grouped = group_pairs(edges)  # tuples, not a list per op: see `lms.graph.group_pairs`
+    succs = [grouped.get(i, ()) for i in range(len(ops))]
+    indeg = [0] * len(ops)
+    for _, dst in edges:
         indeg[dst] += 1
     ready = [i for i, d in enumerate(indeg) if d == 0]
     seen = 0
