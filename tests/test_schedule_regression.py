@@ -106,3 +106,12 @@ def test_index_executor_model_runs_the_orders_of_executed_order(graph):
         expected = tuple(executed_order(pinned, kind) for kind in ("executor", "single_threaded"))
         got = tuple(tuple(m.names[i] for i in order) for order in executor.orders(tuple(pins)))
         assert got == expected
+
+
+def test_group_pairs_keeps_the_order_of_values_per_key_short_and_long():
+    from lms.graph import group_pairs
+
+    pairs = [("a", 1), ("b", 2), ("a", 3)] + [("c", i) for i in range(100)] + [("a", 4)]
+    grouped = group_pairs(pairs, into={"z": ()})
+    assert list(grouped) == ["z", "a", "b", "c"]
+    assert grouped == {"z": (), "a": (1, 3, 4), "b": (2,), "c": tuple(range(100))}
