@@ -218,7 +218,7 @@ def pinnable_ops(graph: Graph) -> frozenset[str]:
     static: set[str] = set()  # computed from constants and shapes only: constant folding replaces them
     for name in graph.topological_order:
         op = graph.ops[name]
-        if op.type in _CONSTANT_TYPES or (op.inputs and all(graph.producer(t).name in static for t in op.inputs)):
+        if op.type in _CONSTANT_TYPES or (op.inputs and all(p in static for p in op.input_ops)):
             static.add(name)
     out: set[str] = set()
     for op in graph.ops.values():
