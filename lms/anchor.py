@@ -237,7 +237,7 @@ def _static_ops(graph: Graph) -> set[str]:
     static: set[str] = set()
     for name in graph.topological_order:
         op = graph.ops[name]
-        if op.type in _CONSTANT_TYPES or (op.inputs and all(graph.producer(t).name in static for t in op.inputs)):
+        if op.type in _CONSTANT_TYPES or (op.inputs and all(p in static for p in op.input_ops)):
             static.add(name)
     return static
 

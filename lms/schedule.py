@@ -60,17 +60,18 @@ DFS from the step's outputs, and the creation order.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from .anchor import merged_pairs, pinnable_ops, trigger_ops
 from .config import LMSConfig, serialization_levels
-from .graph import SHAPE_ONLY_TYPES, Graph, GraphError, Op, Role
+from .graph import SHAPE_ONLY_TYPES, Graph, GraphError, Op, Role, group_pairs
 from .plan import HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
 
 __all__ = ["Schedule", "ScheduleError", "schedule_ops", "pin_graph", "order_peak", "ordering_edges",
@@ -159,7 +160,8 @@ class Schedule:
                 "batch": self.batch, "serialized_levels": list(self.serialized_levels),
                 "schedule_s": round(self.schedule_s, 4)}
 
-    def validate(self, graph: Graph, *, pinnable: frozenset[str] | None = None) -> None:
+    def validate(self, graph: Graph, *, pinnable: frozenset[str] | None = None,
+                 triggers: frozenset[str] | None = None) -> None:
         """Check against the rewritten graph (`rewrite_graph(graph, plan)`, before pinning).
 
         Checks: every edge names known ops; the graph plus every edge is acyclic;
@@ -176,7 +178,6 @@ class Schedule:
                 if name not in graph.ops:
                     raise ScheduleError(f"edge {a!r} -> {b!r}: unknown op {name!r}")
         pinnable = pinnable_ops(graph) if pinnable is None else pinnable
-        triggers: frozenset[str] | None = None
         for a, b in self.pins:
             if a not in pinnable and b in pinnable and graph.ops[b].type == SWAP_IN_TYPE:
                 triggers = trigger_ops(graph, pinnable=pinnable) if triggers is None else triggers
@@ -186,6 +187,8 @@ class Schedule:
                 if name not in pinnable:
                     raise ScheduleError(f"pin {a!r} -> {b!r}: {name!r} ({graph.ops[name].type}) is not pinnable: "
                                         "a control edge on it would change TF's rewrites")
+        if self.order and self._is_topological(graph):
+            return  # a topological order of the graph plus the pins: acyclic, a permutation, respected
         try:
             pinned = pin_graph(graph, self.pins)
             pinned.topological_order
@@ -201,6 +204,16 @@ class Schedule:
             for p in pinned.predecessors(op.name):
                 if pos[p] > pos[op.name]:
                     raise ScheduleError(f"order runs {op.name!r} before its input {p!r}")
+
+    def _is_topological(self, graph: Graph) -> bool:
+        """True when `order` is a permutation of `graph`'s ops that runs every op after its inputs and pins."""
+        if len(self.order) != len(graph.ops):
+            return False
+        pos = {n: i for i, n in enumerate(self.order)}
+        if len(pos) != len(graph.ops) or any(n not in pos for n in graph.ops):
+            return False
+        return (all(pos[p] < i for i, n in enumerate(self.order) for p in graph.predecessors(n))
+                and all(pos[a] < pos[b] for a, b in self.pins if a != b))
 
 
 # ---- the graph the schedule is for -------------------------------------------------------------
@@ -390,6 +403,10 @@ class _Model:
     buf_readers: tuple[tuple[int, ...], ...]
     roles: tuple[Role, ...]
     types: tuple[str, ...]
+    buf_owner: np.ndarray      # op that allocates each buffer
+    read_ops: np.ndarray       # every buffer's readers, buffer after buffer (`_peak`)
+    read_starts: np.ndarray    # where each buffer's readers start in `read_ops`, for buffers with readers
+    has_readers: np.ndarray    # bool per buffer
 
 
 def _model(g: Graph, batch: int) -> _Model:
@@ -397,7 +414,8 @@ def _model(g: Graph, batch: int) -> _Model:
     index = {n: i for i, n in enumerate(names)}
     buf_of: dict[str, int] = {}
     buf_size: list[int] = []
-    owns: list[list[int]] = [[] for _ in names]
+    buf_owner: list[int] = []
+    owns: list[tuple[int, ...]] = [()] * len(names)  # tuples, not lists: see `lms.graph.group_pairs`
     for name in g.topological_order:
         op = g.ops[name]
         i = index[name]
@@ -415,39 +433,49 @@ def _model(g: Graph, batch: int) -> _Model:
                 continue
             buf_of[t] = len(buf_size)
             buf_size.append(-(-size // 256) * 256)
-            owns[i].append(buf_of[t])
-    readers: list[set[int]] = [set() for _ in buf_size]
+            buf_owner.append(i)
+            owns[i] += (buf_of[t],)
     reads: list[tuple[int, ...]] = []
-    for i, name in enumerate(names):
-        op = g.ops[name]
-        bufs = {buf_of[t] for t in op.inputs if buf_of.get(t, -1) >= 0}  # a view holds its buffer too
+    for name in names:
+        bufs = {buf_of[t] for t in g.ops[name].inputs if buf_of.get(t, -1) >= 0}  # a view holds its buffer too
         reads.append(tuple(sorted(bufs)))
-        for b in bufs:
-            readers[b].add(i)
+    readers = group_pairs((b, i) for i, bufs in enumerate(reads) for b in bufs)  # ascending op indexes
     preds = tuple(tuple(index[p] for p in g.predecessors(n) if p in index) for n in names)
     succs = tuple(tuple(index[s] for s in g.successors[n]) for n in names)
     sizes = np.asarray(buf_size, dtype=np.int64)
-    alloc = np.asarray([int(sizes[list(o)].sum()) if o else 0 for o in owns], dtype=np.int64)
+    alloc = np.asarray([sum(buf_size[b] for b in o) for o in owns], dtype=np.int64)
+    buf_readers = tuple(readers.get(b, ()) for b in range(len(buf_size)))
+    counts = np.asarray([len(r) for r in buf_readers], dtype=np.int64)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1])) if len(counts) else counts
     return _Model(names=names, index=index, preds=preds, succs=succs, alloc=alloc, reads=tuple(reads),
-                  owns=tuple(tuple(o) for o in owns), buf_size=sizes,
-                  buf_readers=tuple(tuple(sorted(r)) for r in readers),
-                  roles=tuple(g.ops[n].role for n in names), types=tuple(g.ops[n].type for n in names))
+                  owns=tuple(owns), buf_size=sizes, buf_readers=buf_readers,
+                  roles=tuple(g.ops[n].role for n in names), types=tuple(g.ops[n].type for n in names),
+                  buf_owner=np.asarray(buf_owner, dtype=np.int64),
+                  read_ops=np.asarray([r for rs in buf_readers for r in rs], dtype=np.int64),
+                  read_starts=starts[counts > 0], has_readers=counts > 0)
 
 
 def _peak(m: _Model, order: list[int]) -> int:
-    """Peak live bytes of `order` (positions of op indices) under the liveness model."""
+    """Peak live bytes of `order` (positions of op indices) under the liveness model.
+
+    Each buffer is live from its owner's position to its last reader's (its
+    owner's if nobody reads it): one vectorized pass, +size at the start, -size
+    after the end, a running sum.
+    """
     n = len(order)
+    if not n:
+        return 0
     pos = np.empty(n, dtype=np.int64)
     pos[np.asarray(order, dtype=np.int64)] = np.arange(n)
+    start = pos[m.buf_owner]
+    end = start.copy()
+    if m.read_ops.size:
+        last_read = np.maximum.reduceat(pos[m.read_ops], m.read_starts)
+        end[m.has_readers] = np.maximum(last_read, start[m.has_readers])
     delta = np.zeros(n + 1, dtype=np.int64)
-    for i, owned in enumerate(m.owns):
-        for b in owned:
-            start = pos[i]
-            readers = m.buf_readers[b]
-            end = max((pos[r] for r in readers), default=start)
-            delta[start] += m.buf_size[b]
-            delta[max(end, start) + 1] -= m.buf_size[b]
-    return int(np.cumsum(delta[:n]).max()) if n else 0
+    np.add.at(delta, start, m.buf_size)
+    np.add.at(delta, end + 1, -m.buf_size)
+    return int(np.cumsum(delta[:n]).max())
 
 
 def order_peak(graph: Graph, order: Iterable[str], *, batch: int | None = None) -> int:
@@ -676,8 +704,7 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
                          serialized_levels=levels, schedule_s=time.perf_counter() - t0)
         sched.validate(rewritten, pinnable=pinnable)
         return sched
-    from .sim.order import executed_order  # lms.sim imports this module lazily: no cycle
-    from .sim.shapes import complete_sizes
+    from .sim.shapes import complete_sizes  # lms.sim imports this module lazily: no cycle
 
     # The order respects every edge of the graph as built, identities included (pins that relied on
     # Grappler bypassing an identity -- Keras passes all gradients through one -- would close a cycle),
@@ -697,16 +724,19 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
         name: _chain_pins(g, m, order, pinnable) + _trigger_pins(m, order, triggers)
         for name, order in candidates.items()}
     pins_of["tf"] = ()  # TF's own order, nothing pinned: the pass never does worse than without it
-    candidates["tf"] = [m.index[n] for n in executed_order(g, "single_threaded")]
-    scored: dict[tuple[tuple[str, str], ...], int] = {}  # candidates often pin alike: score each pin set once
-    peaks = {name: scored.setdefault(pins, _executed_peak(g, m, pins)) if pins not in scored else scored[pins]
+    executor = _ExecutorModel(g, m)
+    tf_orders = executor.orders(())
+    candidates["tf"] = tf_orders[1]
+    # candidates often pin alike: score each pin set once
+    scored: dict[tuple[tuple[str, str], ...], int] = {(): max(_peak(m, order) for order in tf_orders)}
+    peaks = {name: scored.setdefault(pins, executor.peak(pins)) if pins not in scored else scored[pins]
              for name, pins in pins_of.items()}
     chosen = min(peaks, key=lambda k: (peaks[k], list(candidates).index(k)))
     order = candidates[chosen]
     sched = Schedule(kind="memory", order=tuple(m.names[i] for i in order), constraints=constraints,
                      pins=tuple(dict.fromkeys(anchored + pins_of[chosen])), dropped=dropped, candidates=peaks,
                      chosen=chosen, batch=batch, serialized_levels=levels, schedule_s=time.perf_counter() - t0)
-    sched.validate(rewritten, pinnable=pinnable)
+    sched.validate(rewritten, pinnable=pinnable, triggers=triggers)
     log.debug("schedule %s: %s of %s, %d pins, %.3f s", graph.name, chosen, peaks, len(sched.pins),
               sched.schedule_s)
     return sched
@@ -732,9 +762,75 @@ def scoring_batch(graph: Graph) -> int:
     return int(min(_MAX_SCORING_BATCH, max(1, -(-_PER_SAMPLE_DOMINANCE * fixed // per_sample))))
 
 
-def _executed_peak(g: Graph, m: _Model, pins: tuple[tuple[str, str], ...]) -> int:
-    """The peak of the orders TF's executor models run `g` in with `pins` added (the larger of the two)."""
-    from .sim.order import executed_order
+class _ExecutorModel:
+    """`lms.sim.order.executed_order`'s two models over `_Model`'s op indexes, for one graph and many pin sets.
 
-    pinned = pin_graph(g, pins)
-    return max(_peak(m, [m.index[n] for n in executed_order(pinned, kind)]) for kind in EXECUTOR_KINDS)
+    Same orders as ``executed_order(pin_graph(g, pins), kind)`` for ``"executor"``
+    (no op expensive: each root's task runs its ops FIFO) and
+    ``"single_threaded"`` (a reverse post-order), without building a graph per
+    pin set: a pin ``(a, b)`` adds ``b`` to ``a``'s successors, kept in creation
+    (index) order as `Graph.successors` keeps them.
+    """
+
+    def __init__(self, g: Graph, m: _Model) -> None:
+        from .sim.order import _root_rank
+
+        self.m = m
+        self.succs = m.succs
+        self.n_preds = [len(p) for p in m.preds]
+        self.roots = [i for i in range(len(m.names)) if not m.preds[i]]  # pins end on ops with inputs
+        self.ranked_roots = sorted(self.roots, key=lambda i: _root_rank(g, m.names[i]))
+
+    def _pinned(self, pins: tuple[tuple[str, str], ...]) -> tuple[Sequence[Sequence[int]], Sequence[int]]:
+        """Successor lists and predecessor counts of the graph with `pins` added."""
+        if not pins:
+            return self.succs, self.n_preds
+        index, preds = self.m.index, self.m.preds
+        added: dict[int, set[int]] = {}
+        n_preds = list(self.n_preds)
+        for a, b in pins:
+            i, j = index[a], index[b]
+            if i == j or i in preds[j] or j in added.get(i, ()):
+                continue
+            added.setdefault(i, set()).add(j)
+            n_preds[j] += 1
+        succs = list(self.succs)
+        for i, extra in added.items():
+            succs[i] = sorted(extra.union(succs[i]))
+        return succs, n_preds
+
+    def orders(self, pins: tuple[tuple[str, str], ...]) -> tuple[list[int], list[int]]:
+        """The ``"executor"`` and ``"single_threaded"`` orders of the graph with `pins` added."""
+        succs, n_preds = self._pinned(pins)
+        pending = list(n_preds)
+        executor: list[int] = []
+        for root in self.ranked_roots:  # one task per root; nothing expensive, so no task is ever pushed
+            inline = collections.deque((root,))
+            while inline:
+                i = inline.popleft()
+                executor.append(i)
+                for s in succs[i]:
+                    pending[s] -= 1
+                    if not pending[s]:
+                        inline.append(s)
+        visited = bytearray(len(succs))
+        post: list[int] = []
+        stack = list(self.roots)  # ~i: leave i (all its successors are done)
+        while stack:
+            i = stack.pop()
+            if i < 0:
+                post.append(~i)
+                continue
+            if visited[i]:
+                continue
+            visited[i] = 1
+            stack.append(~i)
+            stack.extend(reversed(succs[i]))  # visited ones are skipped when popped
+        post.reverse()
+        if len(executor) != len(succs) or len(post) != len(succs):
+            raise GraphError("the pins make a cycle (TF's executor could not run every op)")
+        return executor, post
+
+    def peak(self, pins: tuple[tuple[str, str], ...]) -> int:
+        """The peak of the orders TF's executor models run the graph in with `pins` added (the larger of the two)."""
+        return max(_peak(self.m, order) for order in self.orders(pins))

@@ -31,6 +31,8 @@ from typing import Any, Iterable
 
 import tensorflow as tf
 
+from ..graph import group_pairs
+
 
 __all__ = ["PinnedSchedule", "apply_schedule", "pinned_edges_survived"]
 
@@ -102,31 +104,31 @@ def apply_schedule(graph: tf.Graph, edges: Iterable[tuple[str, str]]) -> PinnedS
     return PinnedSchedule(tuple(edges))
 
 
-def _resource_edges(graph: tf.Graph) -> list[tuple[tf.Operation, tf.Operation]]:
-    """The edges automatic control dependencies will add between ops that use one resource."""
-    from ..schedule import RESOURCE_READ_TYPES, resource_order_edges
-
-    accesses = [(op.name, t.name, op.type not in RESOURCE_READ_TYPES) for op in graph.get_operations()
-                for t in op.inputs if t.dtype == tf.resource]
-    return [(graph.get_operation_by_name(a), graph.get_operation_by_name(b)) for a, b in resource_order_edges(accesses)]
-
-
 def _cycle_with(graph: tf.Graph, extra: list[tuple[tf.Operation, tf.Operation]]) -> list[str]:
     """Op names along a cycle of `graph` plus the `extra` edges ``(src, dst)`` and the resource-order edges
-    tf.function will add; empty if acyclic."""
-    extra = extra + _resource_edges(graph)
+    tf.function will add (`lms.schedule.resource_order_edges`); empty if acyclic.
+
+    One pass over the ops reads each op's inputs once (the edges and the resource accesses).
+    """
+    from ..schedule import RESOURCE_READ_TYPES, resource_order_edges
+
     ops = graph.get_operations()
     index = {op.name: i for i, op in enumerate(ops)}
-    succs: list[list[int]] = [[] for _ in ops]
-    indeg = [0] * len(ops)
+    edges: list[tuple[int, int]] = []
+    accesses: list[tuple[str, str, bool]] = []
     for i, op in enumerate(ops):
-        for p in {t.op.name for t in op.inputs} | {c.name for c in op.control_inputs}:
-            if p in index:
-                succs[index[p]].append(i)
-                indeg[i] += 1
-    for src, dst in extra:
-        succs[index[src.name]].append(index[dst.name])
-        indeg[index[dst.name]] += 1
+        inputs = op.inputs
+        edges.extend((index[p], i) for p in {t.op.name for t in inputs} | {c.name for c in op.control_inputs}
+                     if p in index)
+        accesses.extend((op.name, t.name, op.type not in RESOURCE_READ_TYPES) for t in inputs
+                        if t.dtype == tf.resource)
+    edges += [(index[src.name], index[dst.name]) for src, dst in extra]
+    edges += [(index[a], index[b]) for a, b in resource_order_edges(accesses)]
+    grouped = group_pairs(edges)  # tuples, not a list per op: see `lms.graph.group_pairs`
+    succs = [grouped.get(i, ()) for i in range(len(ops))]
+    indeg = [0] * len(ops)
+    for _, dst in edges:
+        indeg[dst] += 1
     ready = [i for i, d in enumerate(indeg) if d == 0]
     seen = 0
     while ready:
