@@ -165,14 +165,15 @@ def pinning_cost() -> dict[str, Any]:
 
 def max_batches(runs: int) -> dict[str, Any]:
     from lms.graph import Graph
-    from tuner.search import derive_emulated_budget
-    from tuner.trial import run_worker, worker_env
+    from tuner.graphs import derive_emulated_budget
+    from tuner.protocol import TraceRequest
+    from tuner.worker import run_worker, worker_env
 
     name, options = BATCH_MODEL
     WORKDIR.mkdir(parents=True, exist_ok=True)
     graph_path = WORKDIR / f"{name}.graph.json"
-    out = run_worker({"mode": "trace", "workload": name, "options": options, "key": None, "output": str(graph_path)},
-                     workdir=WORKDIR / "trace", timeout_s=1200, env=worker_env("emulated"))
+    out = run_worker(TraceRequest(workload=name, options=options, output=str(graph_path)),
+                     workdir=WORKDIR / "trace", timeout_s=1200, env=worker_env())
     if out.status != "ok":
         raise SystemExit(f"tracing {name} failed: {out.reason}")
     graph = Graph.from_dict(json.loads(graph_path.read_text())["graph"])
@@ -204,19 +205,19 @@ def max_batches(runs: int) -> dict[str, Any]:
 def _max_batch_run(graph: Any, name: str, options: dict[str, Any], budget: int) -> dict[str, Any]:
     from lms import plan_swaps
     from lms.simulator import max_batch
-    from tuner.trial import run_worker, worker_env
+    from tuner.protocol import MeasureRequest
+    from tuner.worker import run_worker, worker_env
 
     rows = {}
     for key, config in BATCH_CONFIGS.items():
         predicted = max_batch(graph, plan_swaps(graph, config), budget, device="cpu").batch
-        request = {"mode": "measure", "workload": name, "options": options, "config": config.to_dict(),
-                   "backend": "emulated", "budget_bytes": budget, "safety_margin": 0.0,
-                   "start_batch": max(1, predicted), "cap": 4096, "warmup": 2, "steps": 3, "seed": 0,
-                   "resolution": 0.05, "max_probes": 6, "probe_warmup": 2, "probe_steps": 2}
+        request = MeasureRequest(workload=name, options=options, config=config.to_dict(), backend="emulated",
+                                 usable_bytes=budget, start_batch=max(1, predicted), cap=4096, warmup=2, steps=3,
+                                 seed=0, resolution=0.05, max_probes=6, probe_warmup=2, probe_steps=2)
         t0 = time.perf_counter()
         result = run_worker(request, workdir=WORKDIR / key.replace(" ", "_").replace(",", "").replace("'", ""),
-                            timeout_s=3600, env=worker_env("emulated"))
-        r = result.result or {}
+                            timeout_s=3600, env=worker_env())
+        r = result.result.to_dict() if result.result is not None else {}
         rows[key] = {"config": config.to_dict(), "predicted_batch": predicted, "status": result.status,
                      "batch": r.get("batch_size", 0), "throughput": r.get("throughput", 0.0),
                      "peak_device_bytes": r.get("peak_device_bytes"), "step_time_median_s": r.get("step_time_median_s"),
