@@ -51,7 +51,10 @@ graphs is a list scheduler that at each step runs, among the ready ops:
 3. else any other op, smallest allocation first, ``OTHER``-role ops last.
 
 Ties go to the op that became ready last, so one branch's backward runs to
-completion before the next starts (a depth-first walk). A swap-in is taken
+completion before the next starts (a depth-first walk). A variant then moves
+each backward op that frees no more than it allocates to just before its first
+reader (`_sink`): ops such as a per-channel gradient's ``BroadcastTo`` only add
+memory, and the list scheduler ran them as soon as they were ready. A swap-in is taken
 only when its reader is waiting for it (just in time) and then moved ``lb - 1``
 ops earlier (``sync_mode`` 2/3: not moved), never before its trigger. The
 other candidates: the same with first-ready ties (breadth-first), a post-order
@@ -94,6 +97,8 @@ _SMALL_BYTES = 4096
 KINDS = ("tf", "memory")
 # The candidate orders ``schedule="memory"`` scores (`Schedule.candidates`), in tie-break order, and what each is.
 CANDIDATES = {
+    "list_lifo_sunk": "list scheduler, newest-ready first, then each backward op that frees nothing run as late "
+                      "as its readers allow",
     "list_lifo": "list scheduler, newest-ready first (one branch at a time)",
     "list_fifo": "list scheduler, first-ready first (breadth-first)",
     "post_order": "post-order DFS from the step's outputs (XLA's)",
@@ -577,6 +582,40 @@ def _list_schedule(m: _Model, *, lifo: bool) -> list[int]:
     return order
 
 
+def _sink(m: _Model, order: list[int]) -> list[int]:
+    """`order` with each backward op that frees no more than it allocates moved to just before its first reader.
+
+    Such an op (a ``BroadcastTo`` of a per-channel gradient; a ``RealDiv`` that
+    replaces its input with a same-size output) only adds memory where it runs,
+    so it should run as late as possible. The list scheduler runs it as soon as
+    it is ready, which on ResNet-50 starts one BatchNorm branch's mean gradient
+    (two 3 GiB tensors at batch 1,012) and keeps it through the other branch's
+    whole backward pass. Ops are visited from the last to the first, so a chain
+    (``BroadcastTo -> RealDiv -> AddN``) sinks as a whole. Swap ops keep their
+    places (`_place_swap_ins` moves swap-ins); forward ops are not moved.
+    """
+    order = list(order)
+    n = len(order)
+    pos = np.empty(n, dtype=np.int64)
+    pos[np.asarray(order, dtype=np.int64)] = np.arange(n)
+    for x in reversed(list(order)):
+        if (m.alloc[x] < PIN_MIN_BYTES or m.roles[x] is not Role.BACKWARD or not m.succs[x]
+                or m.types[x] in (SWAP_IN_TYPE, SWAP_OUT_TYPE)):
+            continue
+        px = int(pos[x])
+        target = min(int(pos[c]) for c in m.succs[x])
+        if target <= px + 1:
+            continue
+        freed = sum(int(m.buf_size[b]) for b in m.reads[x]
+                    if max(int(pos[r]) for r in m.buf_readers[b]) <= px)
+        if int(m.alloc[x]) - freed < -_SMALL_BYTES:  # frees memory: the earlier the better
+            continue
+        order.pop(px)
+        order.insert(target - 1, x)
+        pos[np.asarray(order[px:target], dtype=np.int64)] = np.arange(px, target)
+    return order
+
+
 def _post_order(m: _Model) -> list[int]:
     """XLA's post-order scheduler: a DFS from the sinks, each op after its inputs, inputs in graph order."""
     n = len(m.names)
@@ -713,8 +752,10 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
     batch = max(batch, scoring_batch(g))
     m = _model(g, batch)
     lead = 0 if config.sync_mode in (2, 3) else config.lb - 1
+    lifo = _list_schedule(m, lifo=True)
     candidates: dict[str, list[int]] = {
-        "list_lifo": _place_swap_ins(m, _list_schedule(m, lifo=True), lead),
+        "list_lifo_sunk": _place_swap_ins(m, _sink(m, lifo), lead),
+        "list_lifo": _place_swap_ins(m, lifo, lead),
         "list_fifo": _place_swap_ins(m, _list_schedule(m, lifo=False), lead),
         "post_order": _post_order(m),
         "creation": [m.index[n] for n in g.topological_order],

@@ -29,7 +29,7 @@ def test_summary_is_the_schedule_the_pass_computes():
     summary = schedule_summary(graph, PINNED)
     sched = schedule_ops(graph, plan_swaps(graph, PINNED))
     assert summary.pinned and summary.kind == "memory"
-    assert summary.chosen == sched.chosen == "list_lifo"
+    assert summary.chosen == sched.chosen == "list_lifo_sunk"
     assert (summary.n_ordered, summary.n_pins) == (len(sched.order), len(sched.pins)) and summary.n_pins > 0
     assert summary.scoring_batch == sched.batch
     assert {c.name: c.peak_bytes for c in summary.candidates} == dict(sched.candidates)
@@ -39,7 +39,7 @@ def test_summary_is_the_schedule_the_pass_computes():
     assert [c.name for c in summary.candidates if c.chosen] == [sched.chosen]
     assert summary.candidates[0].chosen and peaks[0] < dict(sched.candidates)["tf"]
     assert summary.sentence.startswith("The recommended config pins the order (schedule='memory'): scheduler "
-                                       f"'list_lifo' was chosen of 5 candidates")
+                                       f"'list_lifo_sunk' was chosen of {len(CANDIDATES)} candidates")
     assert f"it orders {len(sched.order)} ops with {len(sched.pins)} control edges" in summary.sentence
 
 
@@ -96,19 +96,20 @@ def test_page_names_the_chosen_scheduler_and_each_candidates_peak(pinned_page):
     sched = schedule_ops(graph, plan_swaps(graph, PINNED))
     section = pinned_page[pinned_page.index('id="timeline"'):pinned_page.index('id="knobs"')]
     caption = _text(re.search(r"<figcaption>(.*?)</figcaption>", section, re.S).group(1))
-    tied = [n for n in CANDIDATES if n != "list_lifo" and sched.candidates[n] == sched.candidates["list_lifo"]]
-    assert tied == ["list_fifo", "creation"]
-    assert (f"scheduler 'list_lifo' was chosen of 5 candidates (tied with {', '.join(tied)}; kept by tie-break "
-            f"order); it orders {len(sched.order)} ops with {len(sched.pins)} control edges") in caption
+    chosen = sched.chosen
+    tied = [n for n in CANDIDATES if n != chosen and sched.candidates[n] == sched.candidates[chosen]]
+    assert chosen == "list_lifo_sunk" and tied == ["list_lifo", "list_fifo", "creation"]
+    assert (f"scheduler '{chosen}' was chosen of {len(CANDIDATES)} candidates (tied with {', '.join(tied)}; kept by "
+            f"tie-break order); it orders {len(sched.order)} ops with {len(sched.pins)} control edges") in caption
     block = section[section.index('id="schedule"'):]
-    assert "Op order: scheduler list_lifo, pinned" in _text(block)
+    assert f"Op order: scheduler {chosen}, pinned" in _text(block)
     rows = [[_text(c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
             for row in re.findall(r"<tr[^>]*>(.*?)</tr>", re.search(r'<table class="schedule">(.*?)</table>',
                                                                     block, re.S).group(1), re.S)[1:]]
     # (scheduler, exact bytes) per row, lowest peak first: the pass's own scores
     expected = sorted(sched.candidates.items(), key=lambda kv: (kv[1], list(CANDIDATES).index(kv[0])))
     assert [(r[0].replace(" ✓", ""), r[3]) for r in rows] == [(n, f"{p:,}") for n, p in expected]
-    assert rows[0][0] == "list_lifo ✓" and rows[0][4] == "chosen"
+    assert rows[0][0] == f"{chosen} ✓" and rows[0][4] == "chosen"
     assert "peak (PREDICTED)" in block and f"at batch {sched.batch}" in _text(block)
     # a config that swaps but recomputes nothing says so, and has no recompute section
     assert "Nothing is recomputed (recompute='none')" in _text(section)
