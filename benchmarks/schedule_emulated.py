@@ -90,19 +90,11 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     import tensorflow as tf
 
     tf.config.threading.set_inter_op_parallelism_threads(1)  # as tuner.trial's emulated backend
-    import lms
     from lms.schedule import schedule_ops
     from lms.tf.measure import measure_step
-    from lms.tf.train import make_train_step
-    from tuner.models import load_workload
 
-    workload = load_workload(spec["model"], **spec["options"])
     config = LMSConfig.from_dict(spec["config"])
-    step = make_train_step(workload.build_model(), workload.loss_fn, workload.make_optimizer())
-    fn = lms.function(step, config=config, emulate=True, input_signature=[workload.x_spec(), workload.y_spec()],
-                      autograph=False)
-    x, y = workload.make_batch(spec["batch"], 0)
-    data = (tf.convert_to_tensor(x), tf.convert_to_tensor(y))
+    fn, data = _traced_step(spec)
     m = measure_step(fn, [data], warmup=2, steps=spec["steps"], device="/CPU:0", executor="single_threaded")
     out = {"step_peaks_bytes": list(m.step_peaks_bytes), "step_times_s": list(m.step_times_s),
            "median_step_s": m.median_step_s, "n_swapped": fn.summary.n_swapped if fn.summary else 0}
@@ -110,6 +102,22 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         sched = schedule_ops(fn.graph, fn.plan)
         out.update(n_pins=len(sched.pins), n_dropped=len(sched.dropped), chosen=sched.chosen)
     return out
+
+
+def _traced_step(spec: dict[str, Any]) -> tuple[Any, tuple[Any, Any]]:
+    """`spec`'s training step under `lms.function` (emulated swaps, batch dim unknown) and one batch."""
+    import tensorflow as tf
+
+    import lms
+    from lms.tf.train import make_train_step
+    from tuner.models import load_workload
+
+    workload = load_workload(spec["model"], **spec["options"])
+    step = make_train_step(workload.build_model(), workload.loss_fn, workload.make_optimizer())
+    fn = lms.function(step, config=LMSConfig.from_dict(spec["config"]), emulate=True,
+                      input_signature=[workload.x_spec(), workload.y_spec()], autograph=False)
+    x, y = workload.make_batch(spec["batch"], 0)
+    return fn, (tf.convert_to_tensor(x), tf.convert_to_tensor(y))
 
 
 def _run_child(spec: dict[str, Any], *, timeout: float = 1800) -> dict[str, Any]:
@@ -246,17 +254,7 @@ def cause_child(spec: dict[str, Any]) -> dict[str, Any]:
     import tensorflow as tf
 
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    import lms
-    from lms.tf.train import make_train_step
-    from tuner.models import load_workload
-
-    workload = load_workload(spec["model"], **spec["options"])
-    config = LMSConfig.from_dict(spec["config"])
-    step = make_train_step(workload.build_model(), workload.loss_fn, workload.make_optimizer())
-    fn = lms.function(step, config=config, emulate=True, input_signature=[workload.x_spec(), workload.y_spec()],
-                      autograph=False)
-    x, y = workload.make_batch(spec["batch"], 0)
-    data = (tf.convert_to_tensor(x), tf.convert_to_tensor(y))
+    fn, data = _traced_step(spec)
     peaks = []
     with tf.experimental.function_executor_type("SINGLE_THREADED_EXECUTOR"):
         for _ in range(spec["steps"]):
