@@ -91,7 +91,7 @@ def _registered(schema: Any) -> bool:
 
 
 def knob(default: Any, *, search: Any = None, requires: Mapping[str, Any] | None = None, swaps_only: bool = False,
-         label: str | None = None, show: str = "changed", column: bool = True) -> Any:
+         label: str | None = None, show: str = "changed", column: bool = True, warm: Any = None) -> Any:
     """A `LMSConfig` field, with what a tuner needs to search, record and show it (field metadata ``"knob"``).
 
     Args:
@@ -108,11 +108,13 @@ def knob(default: Any, *, search: Any = None, requires: Mapping[str, Any] | None
             shown on its own; None: ``name=value``.
         show: ``"always"``, or ``"changed"`` (only when it differs from `default`).
         column: a column of its own in trial tables (``trials.csv``, the report).
+        warm: a value worth trying first: a tuner also starts from TFLMS's defaults with
+            this knob at `warm` (None: no such start).
     """
     if show not in ("always", "changed"):
         raise ValueError(f"knob show={show!r}: allowed values are 'always', 'changed'")
     meta = {"search": search, "requires": dict(requires or {}), "swaps_only": swaps_only, "label": label,
-            "show": show, "column": column}
+            "show": show, "column": column, "warm": warm}
     return field(default=default, metadata={"knob": meta})
 
 
@@ -179,7 +181,8 @@ class LMSConfig:
     excl_scopes: tuple[str, ...] = knob((), swaps_only=True, column=False)
     incl_types: tuple[str, ...] = knob((), swaps_only=True, column=False)
     excl_types: tuple[str, ...] = knob((), swaps_only=True, column=False)
-    schedule: str = knob("tf", search=SCHEDULES, label="schedule={value}")
+    # The memory schedule is this project's lever for the batch; a search starts from it too.
+    schedule: str = knob("tf", search=SCHEDULES, label="schedule={value}", warm="memory")
     serialization: tuple[int | str, ...] = knob((), column=False)
     serialization_by_size: float = knob(0.0, label="serialize>{value}GiB")
     # Synchronous swap-ins (2, 3) only remove prefetch, so the tuner tries 0 and 1 (paced swap-outs).

@@ -35,6 +35,7 @@ class Knob:
     label: str | None = None
     show: str = "changed"
     column: bool = True
+    warm: Any = None
 
     @property
     def searched(self) -> bool:

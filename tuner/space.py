@@ -112,6 +112,20 @@ class SearchSpace:
         top = {k.name: self.n_tensor_high for k in self.knobs if k.search == "candidates"}
         return {**self.baseline_params(), **top}
 
+    def warm_start_params(self) -> list[dict[str, Any]]:
+        """What every search starts from: no LMS, TFLMS's defaults, and those with each knob's ``warm`` value.
+
+        A knob declares a value worth trying first (`lms.config.knob`'s ``warm``:
+        ``schedule="memory"``); a sampler would otherwise need to draw that value
+        together with the right swap knobs out of thousands of configs.
+        """
+        tflms = self.tflms_default_params()
+        starts = [self.baseline_params(), tflms]
+        for k in self.knobs:
+            if k.warm is not None and k.applies(tflms) and k.warm in self.values(k):
+                starts.append({**tflms, k.name: k.warm})
+        return starts
+
     def grid(self) -> list[dict[str, Any]]:
         """Every parameter combination (the exhaustive grid of this space), conditional knobs expanded last."""
         plain = [k for k in self.knobs if not k.requires]

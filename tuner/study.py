@@ -39,10 +39,10 @@ def create_study(name: str, storage: Any, sampler: Any) -> Any:
 
 
 def queue_warm_start(study: Any, space: Any) -> None:
-    """Queue the no-LMS baseline and TFLMS's defaults unless the study has them (queued, run or running).
+    """Queue `SearchSpace.warm_start_params` (no LMS, TFLMS's defaults, ...) unless the study has them.
 
     Called on every start (under `tuner.storage.storage_lock`), so a search
     stopped between creating the study and queueing them still gets them.
     """
-    for params in (space.baseline_params(), space.tflms_default_params()):
+    for params in space.warm_start_params():
         study.enqueue_trial(params, user_attrs={"warm_start": True}, skip_if_exists=True)

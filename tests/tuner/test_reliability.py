@@ -16,6 +16,8 @@ from pathlib import Path
 import optuna
 import pytest
 
+from lms import LMSConfig
+
 from .conftest import ROOT, TINY_MODEL, run_cli
 
 STUDY = "rel"
@@ -154,8 +156,9 @@ def test_warm_start_is_queued_again_after_an_interrupt_right_after_creation(tmp_
     assert proc.returncode == 0, proc.stderr
     trials = _trials(tmp_path)
     warm = [t for t in trials if t.user_attrs.get("warm_start")]
-    assert [t.number for t in warm] == [0, 1]
+    assert [t.number for t in warm] == [0, 1, 2]
     assert warm[0].user_attrs["config"]["n_tensors"] == 0 and warm[1].user_attrs["config"]["n_tensors"] == -1
+    assert warm[2].user_attrs["config"] == LMSConfig(schedule="memory").to_dict()
 
 
 def test_warm_start_is_queued_once_over_many_starts(tmp_path: Path, seed_graph) -> None:
@@ -163,7 +166,7 @@ def test_warm_start_is_queued_once_over_many_starts(tmp_path: Path, seed_graph) 
     for trials in ("2", "3"):
         assert _search(tmp_path, "--backend", "simulate", "--trials", trials).returncode == 0
     trials = _trials(tmp_path)
-    assert sum(1 for t in trials if t.user_attrs.get("warm_start")) == 2
+    assert sum(1 for t in trials if t.user_attrs.get("warm_start")) == 3  # no LMS, TFLMS's defaults, + memory order
     assert all(t.state != optuna.trial.TrialState.WAITING for t in trials)
 
 

@@ -87,6 +87,9 @@ def test_warm_start_params() -> None:
     space = SearchSpace(n_candidates=20)
     assert space.config_of(space.baseline_params()) == LMSConfig(n_tensors=0)
     assert space.config_of(space.tflms_default_params()) == LMSConfig()  # TFLMS's defaults
+    # every search starts from those and from each knob's `warm` value on top of TFLMS's defaults
+    assert [space.config_of(p) for p in space.warm_start_params()] == [
+        LMSConfig(n_tensors=0), LMSConfig(), LMSConfig(schedule="memory")]
 
 
 # ---------------------------------------------------------------- the loop
