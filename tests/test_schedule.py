@@ -6,7 +6,7 @@ import pytest
 
 from lms import LMSConfig, plan_swaps
 from lms.graph import GraphBuilder, Role
-from lms.plan import SWAP_IN_TYPE, SWAP_OUT_TYPE, rewrite_graph
+from lms.plan import SWAP_IN_TYPE, rewrite_graph
 from lms.anchor import merged_pairs, pinnable_ops, trigger_ops
 from lms.schedule import (EXECUTOR_KINDS, Schedule, ScheduleError, anchor_edges, merge_edges, order_peak, pin_graph,
                           resource_edges, resource_order_edges,
@@ -108,14 +108,18 @@ def test_swap_ins_are_placed_just_in_time_and_lb_moves_them_earlier():
             assert set(gaps) <= {0, 1}
 
 
+def _all_swapped_memory_schedule(graph):
+    """(schedule, rewritten graph, pinnable ops, trigger ops) of ``n_tensors=-1, schedule="memory"``."""
+    plan = plan_swaps(graph, LMSConfig(n_tensors=-1, schedule="memory"))
+    rewritten = rewrite_graph(graph, plan)
+    pinnable = pinnable_ops(rewritten)
+    return schedule_ops(graph, plan), rewritten, pinnable, trigger_ops(rewritten, pinnable=pinnable)
+
+
 @pytest.mark.parametrize("make", GRAPHS + [pytest.param(two_branches, id="two_branches")])
 def test_pins_are_few_join_pinnable_ops_and_score_the_order_the_executor_runs(make):
     graph = make()
-    plan = plan_swaps(graph, LMSConfig(n_tensors=-1, schedule="memory"))
-    sched = schedule_ops(graph, plan)
-    rewritten = rewrite_graph(graph, plan)
-    pinnable = pinnable_ops(rewritten)
-    triggers = trigger_ops(rewritten, pinnable=pinnable)
+    sched, rewritten, pinnable, triggers = _all_swapped_memory_schedule(graph)
     assert all((a in pinnable or (a in triggers and rewritten.ops[b].type == SWAP_IN_TYPE)) and b in pinnable
                for a, b in sched.pins)
     pos = {n: i for i, n in enumerate(sched.order)}
@@ -151,11 +155,7 @@ def bn_like(width: int = 3):
 
 def test_swap_ins_are_pinned_behind_the_last_op_that_may_trigger_them():
     graph = bn_like()
-    plan = plan_swaps(graph, LMSConfig(n_tensors=-1, schedule="memory"))
-    sched = schedule_ops(graph, plan)
-    rewritten = rewrite_graph(graph, plan)
-    pinnable = pinnable_ops(rewritten)
-    triggers = trigger_ops(rewritten, pinnable=pinnable)
+    sched, rewritten, pinnable, triggers = _all_swapped_memory_schedule(graph)
     # a Mul with two readers can never be an inner node of a fusion: it may drive a control edge, not take one
     assert {"gradient_tape/f1/Mul", "gradient_tape/f2/Mul"} <= triggers - pinnable
     assert "gradient_tape/f1/Neg" not in triggers and "gradient_tape/f1/Sum" not in triggers  # one reader each
