@@ -377,7 +377,11 @@ def main(argv: list[str] | None = None) -> int:
         doc["pinning_cost"] = pinning_cost()
     if "causes" in args.parts:
         print("why per-step peaks do not repeat (allocator log, 2 processes, oneDNN on and off):", flush=True)
-        doc["causes"] = causes([m for m in args.models if m in CAUSE_MODELS] or list(CAUSE_MODELS))
+        models = [m for m in args.models if m in CAUSE_MODELS] or list(CAUSE_MODELS)
+        new = causes(models)
+        kept = [r for r in (doc.get("causes") or {}).get("rows", []) if r["model"] not in models]
+        new["rows"] = sorted(kept + new["rows"], key=lambda r: (list(ZOO).index(r["model"]), not r["onednn"]))
+        doc["causes"] = new
     if "batch" in args.parts:
         print("max batch under the tuner's default emulated budget:", flush=True)
         doc["max_batch"] = max_batches(args.batch_runs)
