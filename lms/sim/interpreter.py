@@ -55,11 +55,15 @@ def resolve_plan(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None) -> S
         return config_or_plan
     if not isinstance(config_or_plan, LMSConfig):
         raise TypeError(f"expected an LMSConfig, a SwapPlan or None, got {type(config_or_plan).__name__}")
+    return _memo(graph, ("plan", config_or_plan), lambda: plan_swaps(graph, config_or_plan))
+
+
+def _memo(graph: Graph, key: tuple, make: Any) -> Any:
+    """``make()``, computed once per (`graph`, `key`) while `graph` lives."""
     per_graph = _CACHE.setdefault(graph, {})
-    key = ("plan", config_or_plan)
     if key not in per_graph:
         _trim(per_graph)
-        per_graph[key] = plan_swaps(graph, config_or_plan)
+        per_graph[key] = make()
     return per_graph[key]
 
 
@@ -91,12 +95,7 @@ def schedule_for(graph: Graph, plan: SwapPlan) -> Any:
     """
     from ..schedule import schedule_ops  # lms.schedule imports lms.sim.shapes: import here, not at the top
 
-    per_graph = _CACHE.setdefault(graph, {})
-    key = ("schedule", plan)
-    if key not in per_graph:
-        _trim(per_graph)
-        per_graph[key] = schedule_ops(graph, plan)
-    return per_graph[key]
+    return _memo(graph, ("schedule", plan), lambda: schedule_ops(graph, plan))
 
 
 def _trim(per_graph: dict) -> None:
