@@ -273,7 +273,8 @@ def trigger_ops(graph: Graph, *, pinnable: frozenset[str] | None = None) -> froz
     output cannot take out of a rewrite (`_safe_trigger`: its type is not one
     Grappler rewrites, or it does not have exactly one reader -- an op with two
     readers is never an inner node of a fusion) that Grappler does not remove or
-    merge (`_may_vanish`: its control edges would move), not an identity, shape read, constant or control-flow op, not folded to a constant, read by
+    merge (`_may_vanish`: its control edges would move), not an identity, shape
+    read, constant or control-flow op, not folded to a constant, read by
     something, and not one of a pair oneDNN merges. A swap-in gets its control
     input from such an op, so it is copied in right after the op it is
     scheduled behind, not whenever the last pinnable op before it ran::

@@ -78,7 +78,8 @@ from .graph import SHAPE_ONLY_TYPES, Graph, GraphError, Op, Role, group_pairs
 from .plan import HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
 
 __all__ = ["Schedule", "ScheduleError", "schedule_ops", "pin_graph", "order_peak", "ordering_edges",
-           "anchor_edges", "merge_edges", "resource_edges", "resource_order_edges", "scoring_batch", "PIN_MIN_BYTES", "EXECUTOR_KINDS",
+           "anchor_edges", "merge_edges", "resource_edges", "resource_order_edges", "scoring_batch", "PIN_MIN_BYTES",
+           "EXECUTOR_KINDS",
            "CANDIDATES"]
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,8 @@ class Schedule:
     def summary(self) -> dict[str, Any]:
         """JSON-ready description (without the full order)."""
         return {"kind": self.kind, "n_ops": len(self.order), "n_constraints": len(self.constraints),
-                "n_pins": len(self.pins), "n_dropped": len(self.dropped), "candidates": dict(self.candidates), "chosen": self.chosen,
+                "n_pins": len(self.pins), "n_dropped": len(self.dropped), "candidates": dict(self.candidates),
+                "chosen": self.chosen,
                 "batch": self.batch, "serialized_levels": list(self.serialized_levels),
                 "schedule_s": round(self.schedule_s, 4)}
 
@@ -686,7 +688,7 @@ def _chain_pins(g: Graph, m: _Model, order: list[int], pinnable: frozenset[str])
 
 
 def _trigger_pins(m: _Model, order: list[int], triggers: frozenset[str]) -> tuple[tuple[str, str], ...]:
-    """For each swap-in of `order`: an edge from the last trigger op before it, back to its chain neighbour.
+    """For each swap-in of `order`: an edge from the last trigger op before it (stopping at a swap op or an input).
 
     The chain pins a swap-in behind the previous pinnable op of the order; in a
     stretch of elementwise backward ops (BatchNorm's gradient) that op may be far
@@ -701,7 +703,7 @@ def _trigger_pins(m: _Model, order: list[int], triggers: frozenset[str]) -> tupl
         if m.types[i] != SWAP_IN_TYPE or m.names[i] not in triggers:  # not pinnable (e.g. folded)
             continue
         preds = m.preds[i]
-        for j in reversed(order[:k]):
+        for j in (order[p] for p in range(k - 1, -1, -1)):
             if j in preds or m.types[j] in (SWAP_IN_TYPE, SWAP_OUT_TYPE):
                 break  # already an input, or a swap op the chain orders it behind
             if m.names[j] in triggers:
