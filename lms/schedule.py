@@ -79,8 +79,7 @@ from .plan import HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_gr
 
 __all__ = ["Schedule", "ScheduleError", "schedule_ops", "pin_graph", "order_peak", "ordering_edges",
            "anchor_edges", "merge_edges", "resource_edges", "resource_order_edges", "scoring_batch", "PIN_MIN_BYTES",
-           "EXECUTOR_KINDS",
-           "CANDIDATES"]
+           "EXECUTOR_KINDS", "CANDIDATES"]
 
 log = logging.getLogger(__name__)
 
