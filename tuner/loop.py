@@ -235,12 +235,15 @@ def _running_same_config(study: Any, space: SearchSpace, trial: Any, key: str) -
     from optuna.trial import TrialState
 
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.number == trial.number or not space.complete(t.params):
+        # a queued trial (a warm start, which each process may have queued) is known from its
+        # fixed params as soon as it is popped, before its worker has written them
+        params = t.params if space.complete(t.params) else t.system_attrs.get("fixed_params") or {}
+        if t.number == trial.number or not space.complete(params):
             continue
         if t.number > trial.number and not t.user_attrs.get("evaluating"):
             continue
         try:
-            if space.table.canonical_key(space.config_of(t.params)) == key:
+            if space.table.canonical_key(space.config_of(params)) == key:
                 return t.number
         except (ValueError, KeyError):
             continue
