@@ -5,13 +5,14 @@ TFLMS user's settings carry over unchanged.
 
 The file format is plain JSON (never pickle or eval)::
 
-    {"schema": "lms.config", "schema_version": 2,
+    {"schema": "lms.config", "schema_version": 3,
      "config": {"n_tensors": 100, "lb": 5, ...}}
 
 Version 2 added the scheduling knobs (``schedule``, ``serialization``,
 ``serialization_by_size``, ``sync_mode``) and ``recompute``; version-1 files
 are still read (their configs get the defaults: TF's executor decides the
-order and nothing is recomputed, as before).
+order and nothing is recomputed, as before). Version 3 added ``prefetch``;
+version-2 files get its default (swap-ins placed by ``lb``, as before).
 
 `LMSConfig.load` also reads any document that embeds a config under
 ``"config"`` and whose schema its writer registered (`register_document_schema`),
@@ -42,16 +43,17 @@ from typing import Any, Mapping
 from .optypes import RECOMPUTABLE_TYPES, never_recomputed
 
 __all__ = ["LMSConfig", "CONFIG_SCHEMA", "SCHEMA_VERSION", "READABLE_VERSIONS", "STRATEGIES", "SCHEDULES",
-           "SYNC_MODES", "RECOMPUTE_MODES", "MAX_INT", "knob", "register_document_schema", "atomic_write_text",
+           "SYNC_MODES", "RECOMPUTE_MODES", "PREFETCH_MODES", "MAX_INT", "knob", "register_document_schema", "atomic_write_text",
            "atomic_write_bytes"]
 
 CONFIG_SCHEMA = "lms.config"
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 STRATEGIES = ("chain_rule", "direct_order")
 SCHEDULES = ("tf", "memory")
 SYNC_MODES = (0, 1, 2, 3)
 RECOMPUTE_MODES = ("none", "cheap")
+PREFETCH_MODES = ("lb", "headroom")
 #: Integer fields stay below this (a 400-digit count is a typo, and TF's attributes are 32-bit).
 MAX_INT = 2**31
 log = logging.getLogger(__name__)
@@ -167,6 +169,12 @@ class LMSConfig:
             ``Cast``, ``Pad``, views), or a list of those op types (only they are
             cloned). Random and stateful ops are never recomputed. The
             ``incl_*``/``excl_*`` filters apply to recomputed tensors too.
+        prefetch: where a memory schedule puts each swap-in: ``"lb"`` (default:
+            ``lb - 1`` ops before its first reader, TFLMS's placement) or
+            ``"headroom"`` (as early as the order's memory headroom allows,
+            no earlier than its trigger, so the copy overlaps more compute;
+            `lms.schedule`). Needs ``schedule="memory"`` and asynchronous
+            swap-ins (``sync_mode`` 0 or 1).
     """
 
     n_tensors: int = knob(-1, search="candidates", label="n_tensors={value}", show="always")
@@ -188,6 +196,8 @@ class LMSConfig:
     # Synchronous swap-ins (2, 3) only remove prefetch, so the tuner tries 0 and 1 (paced swap-outs).
     sync_mode: int = knob(0, search=(0, 1), swaps_only=True, label="sync={value}")
     recompute: str | tuple[str, ...] = knob("none", search=RECOMPUTE_MODES, label="recompute={value}")
+    prefetch: str = knob("lb", search=PREFETCH_MODES, requires={"schedule": "memory"}, swaps_only=True,
+                         label="prefetch={value}")
 
     def __post_init__(self) -> None:
         for name in ("n_tensors", "lb", "ub", "branch_threshold"):
@@ -234,6 +244,15 @@ class LMSConfig:
         object.__setattr__(self, "serialization_by_size", float(size))
         object.__setattr__(self, "serialization", _serialization(self.serialization))
         object.__setattr__(self, "recompute", _check_recompute(self.recompute))
+        if self.prefetch not in PREFETCH_MODES:
+            raise ValueError(f"LMSConfig.prefetch={self.prefetch!r}: allowed values are "
+                             + ", ".join(repr(s) for s in PREFETCH_MODES))
+        if self.prefetch != "lb" and self.schedule != "memory":
+            raise ValueError(f"LMSConfig.prefetch={self.prefetch!r} needs schedule='memory' (got "
+                             f"{self.schedule!r}): only a pinned order places swap-ins by headroom")
+        if self.prefetch != "lb" and self.sync_mode in (2, 3):
+            raise ValueError(f"LMSConfig.prefetch={self.prefetch!r} needs asynchronous swap-ins: sync_mode="
+                             f"{self.sync_mode} runs each right before its reader (allowed with it: 0, 1)")
 
     @property
     def enabled(self) -> bool:

@@ -59,11 +59,18 @@ only when its reader is waiting for it (just in time) and then moved ``lb - 1``
 ops earlier (``sync_mode`` 2/3: not moved), never before its trigger. The
 other candidates: the same with first-ready ties (breadth-first), a post-order
 DFS from the step's outputs, and the creation order.
+
+With ``prefetch="headroom"`` the chosen order's swap-ins then move earlier,
+into the memory the order leaves free below its peak (`_prefetched`): a copy
+placed just in time stalls its reader for the whole transfer, one placed where
+memory is free overlaps compute. How far is checked against TF's executor
+models, which run an unpinned reader of an early swap-in early.
 """
 
 from __future__ import annotations
 
 import collections
+import copy
 import heapq
 import logging
 import time
@@ -133,6 +140,8 @@ class Schedule:
             TF's executor models run it with the candidate's pins (the larger of
             the ``"executor"`` and ``"single_threaded"`` models).
         chosen: the candidate kept.
+        prefetch_share: with ``prefetch="headroom"``, the share of the order's
+            peak its swap-ins were moved into (0: none moved; see `_prefetched`).
         batch: batch the sizes were taken at.
         serialized_levels: the levels ``serialization`` chained.
         schedule_s: wall time of the pass.
@@ -145,6 +154,7 @@ class Schedule:
     dropped: tuple[tuple[str, str], ...] = ()
     candidates: Mapping[str, int] = field(default_factory=dict)
     chosen: str = ""
+    prefetch_share: float = 0.0
     batch: int = 1
     serialized_levels: tuple[int, ...] = ()
     schedule_s: float = 0.0
@@ -162,7 +172,7 @@ class Schedule:
         """JSON-ready description (without the full order)."""
         return {"kind": self.kind, "n_ops": len(self.order), "n_constraints": len(self.constraints),
                 "n_pins": len(self.pins), "n_dropped": len(self.dropped), "candidates": dict(self.candidates),
-                "chosen": self.chosen,
+                "chosen": self.chosen, "prefetch_share": self.prefetch_share,
                 "batch": self.batch, "serialized_levels": list(self.serialized_levels),
                 "schedule_s": round(self.schedule_s, 4)}
 
@@ -462,15 +472,18 @@ def _model(g: Graph, batch: int) -> _Model:
 
 
 def _peak(m: _Model, order: list[int]) -> int:
-    """Peak live bytes of `order` (positions of op indices) under the liveness model.
+    """Peak live bytes of `order` (positions of op indices) under the liveness model."""
+    return int(_live_bytes(m, order).max()) if order else 0
+
+
+def _live_bytes(m: _Model, order: list[int]) -> np.ndarray:
+    """Live bytes at each position of `order` (positions of op indices) under the liveness model.
 
     Each buffer is live from its owner's position to its last reader's (its
     owner's if nobody reads it): one vectorized pass, +size at the start, -size
     after the end, a running sum.
     """
     n = len(order)
-    if not n:
-        return 0
     pos = np.empty(n, dtype=np.int64)
     pos[np.asarray(order, dtype=np.int64)] = np.arange(n)
     start = pos[m.buf_owner]
@@ -481,7 +494,7 @@ def _peak(m: _Model, order: list[int]) -> int:
     delta = np.zeros(n + 1, dtype=np.int64)
     np.add.at(delta, start, m.buf_size)
     np.add.at(delta, end + 1, -m.buf_size)
-    return int(np.cumsum(delta[:n]).max())
+    return np.cumsum(delta[:n])
 
 
 def order_peak(graph: Graph, order: Iterable[str], *, batch: int | None = None) -> int:
@@ -659,6 +672,65 @@ def _place_swap_ins(m: _Model, order: list[int], lead: int) -> list[int]:
     return out
 
 
+def _prefetch(m: _Model, order: list[int], share: float) -> list[int]:
+    """`order` with each swap-in moved as early as `share` of the order's peak leaves room for it.
+
+    A swap-in steps back op by op, never before its inputs (its trigger, its
+    swap-out) nor before the swap-in placed before it (the host-to-device
+    copies stay in the order their readers need them), while its buffer fits
+    under ``share * peak`` at every position it newly spans; the bytes it adds
+    there count for the swap-ins after it.
+    """
+    n = len(order)
+    if not n:
+        return order
+    live = _live_bytes(m, order)
+    cap = int(live.max() * share)
+    pos = np.empty(n, dtype=np.int64)
+    pos[np.asarray(order, dtype=np.int64)] = np.arange(n)
+    target: dict[int, int] = {}
+    prev = 0
+    for p, i in enumerate(order):
+        if m.types[i] != SWAP_IN_TYPE:
+            continue
+        size = int(sum(int(m.buf_size[b]) for b in m.owns[i]))
+        floor = max(max((int(pos[q]) for q in m.preds[i]), default=-1) + 1, prev)
+        t = p
+        while t > floor and live[t - 1] + size <= cap:
+            t -= 1
+        live[t:p] += size
+        target[i] = prev = t
+    # a moved swap-in runs before the op that was at its target; ties keep their order
+    keyed = sorted((target[i], 0, k, i) if i in target else (k, 1, k, i) for k, i in enumerate(order))
+    return [i for *_, i in keyed]
+
+
+# Headroom shares `_prefetched` tries, largest first; 0 keeps the order as it is.
+_PREFETCH_SHARES = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.0)
+# Prefetch is checked at a batch where the per-sample tensors hold this many times the fixed ones.
+_PREFETCH_DOMINANCE = 256
+
+
+def _prefetched(g: Graph, order: list[int], pins_of: Any, executor: "_ExecutorModel") -> tuple[list[int], float]:
+    """`order` with its swap-ins moved into the headroom (`_prefetch`) as far as the executed peak allows.
+
+    TF's executor runs an unpinned reader of a moved swap-in as soon as its
+    other inputs exist, earlier than the order put it, so the order's own
+    liveness under-counts what prefetching costs. The largest share of
+    `_PREFETCH_SHARES` whose pins do not raise the peak of the orders TF's
+    executor models run (each of `_ExecutorModel.peaks`) is kept, judged at a batch
+    where activations dominate (`_PREFETCH_DOMINANCE`): the batches LMS is for.
+    """
+    m = _model(g, scoring_batch(g, dominance=_PREFETCH_DOMINANCE))
+    big = executor.resized(m)
+    limits = big.peaks(pins_of(order))
+    for share in _PREFETCH_SHARES[:-1]:
+        moved = _prefetch(m, order, share)
+        if moved != order and all(p <= q for p, q in zip(big.peaks(pins_of(moved)), limits)):
+            return moved, share
+    return order, 0.0
+
+
 # ---- pins --------------------------------------------------------------------------------------
 
 def _chain_pins(g: Graph, m: _Model, order: list[int], pinnable: frozenset[str]) -> tuple[tuple[str, str], ...]:
@@ -762,9 +834,10 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
         "creation": [m.index[n] for n in g.topological_order],
     }
     triggers = trigger_ops(rewritten, pinnable=pinnable)
-    pins_of: dict[str, tuple[tuple[str, str], ...]] = {
-        name: _chain_pins(g, m, order, pinnable) + _trigger_pins(m, order, triggers)
-        for name, order in candidates.items()}
+    def pins_for(order: list[int]) -> tuple[tuple[str, str], ...]:
+        return _chain_pins(g, m, order, pinnable) + _trigger_pins(m, order, triggers)
+
+    pins_of = {name: pins_for(order) for name, order in candidates.items()}
     pins_of["tf"] = ()  # TF's own order, nothing pinned: the pass never does worse than without it
     executor = _ExecutorModel(g, m)
     tf_orders = executor.orders(())
@@ -775,9 +848,15 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
              for name, pins in pins_of.items()}
     chosen = min(peaks, key=lambda k: (peaks[k], list(candidates).index(k)))
     order = candidates[chosen]
+    share = 0.0
+    if config.prefetch == "headroom" and chosen != "tf" and lead == config.lb - 1:
+        order, share = _prefetched(g, order, pins_for, executor)
+        if share:
+            pins_of[chosen] = pins_for(order)
     sched = Schedule(kind="memory", order=tuple(m.names[i] for i in order), constraints=constraints,
                      pins=tuple(dict.fromkeys(anchored + pins_of[chosen])), dropped=dropped, candidates=peaks,
-                     chosen=chosen, batch=batch, serialized_levels=levels, schedule_s=time.perf_counter() - t0)
+                     chosen=chosen, prefetch_share=share, batch=batch, serialized_levels=levels,
+                     schedule_s=time.perf_counter() - t0)
     sched.validate(rewritten, pinnable=pinnable, triggers=triggers)
     log.debug("schedule %s: %s of %s, %d pins, %.3f s", graph.name, chosen, peaks, len(sched.pins),
               sched.schedule_s)
@@ -790,8 +869,8 @@ _PER_SAMPLE_DOMINANCE = 4
 _MAX_SCORING_BATCH = 4096
 
 
-def scoring_batch(graph: Graph) -> int:
-    """The smallest batch at which the per-sample tensors hold `_PER_SAMPLE_DOMINANCE` times the fixed ones.
+def scoring_batch(graph: Graph, *, dominance: int = _PER_SAMPLE_DOMINANCE) -> int:
+    """The smallest batch at which the per-sample tensors hold `dominance` times the fixed ones.
 
     At the batch a step is traced at (often 1 or 2) the weights and optimizer
     slots can outweigh the activations, and every order then peaks alike; the
@@ -801,7 +880,7 @@ def scoring_batch(graph: Graph) -> int:
     per_sample = sum(t.per_sample_bytes for t in graph.tensors.values())
     if per_sample <= 0:
         return 1
-    return int(min(_MAX_SCORING_BATCH, max(1, -(-_PER_SAMPLE_DOMINANCE * fixed // per_sample))))
+    return int(min(_MAX_SCORING_BATCH, max(1, -(-dominance * fixed // per_sample))))
 
 
 class _ExecutorModel:
@@ -822,6 +901,12 @@ class _ExecutorModel:
         self.n_preds = [len(p) for p in m.preds]
         self.roots = [i for i in range(len(m.names)) if not m.preds[i]]  # pins end on ops with inputs
         self.ranked_roots = sorted(self.roots, key=lambda i: _root_rank(g, m.names[i]))
+
+    def resized(self, m: _Model) -> "_ExecutorModel":
+        """The same graph's executor models over `m` (the graph's buffers sized at another batch)."""
+        other = copy.copy(self)
+        other.m = m
+        return other
 
     def _pinned(self, pins: tuple[tuple[str, str], ...]) -> tuple[Sequence[Sequence[int]], Sequence[int]]:
         """Successor lists and predecessor counts of the graph with `pins` added."""
@@ -873,6 +958,11 @@ class _ExecutorModel:
             raise GraphError("the pins make a cycle (TF's executor could not run every op)")
         return executor, post
 
+    def peaks(self, pins: tuple[tuple[str, str], ...]) -> tuple[int, int]:
+        """The peaks of the ``"executor"`` and ``"single_threaded"`` orders of the graph with `pins` added."""
+        executor, single = self.orders(pins)
+        return _peak(self.m, executor), _peak(self.m, single)
+
     def peak(self, pins: tuple[tuple[str, str], ...]) -> int:
         """The peak of the orders TF's executor models run the graph in with `pins` added (the larger of the two)."""
-        return max(_peak(self.m, order) for order in self.orders(pins))
+        return max(self.peaks(pins))

@@ -41,7 +41,7 @@ def test_round_trip_through_file(tmp_path):
     assert c.excl_scopes == ("head",)
     path = c.save(tmp_path / "cfg.json")
     doc = json.loads(path.read_text())
-    assert doc["schema"] == "lms.config" and doc["schema_version"] == 2
+    assert doc["schema"] == "lms.config" and doc["schema_version"] == 3
     assert doc["config"]["excl_scopes"] == ["head"]
     assert LMSConfig.load(path) == c
     assert LMSConfig.from_dict(c.to_dict()) == c
@@ -171,6 +171,20 @@ def test_version_1_files_are_still_read_with_the_tf_order(tmp_path):
     assert c == LMSConfig(n_tensors=7, lb=2) and c.schedule == "tf" and c.sync_mode == 0
 
 
+def test_version_2_files_are_still_read_with_swap_ins_placed_by_lb(tmp_path):
+    path = tmp_path / "v2.json"
+    path.write_text('{"schema": "lms.config", "schema_version": 2, "config": {"n_tensors": 7, "schedule": "memory"}}')
+    c = LMSConfig.load(path)
+    assert c == LMSConfig(n_tensors=7, schedule="memory") and c.prefetch == "lb"
+
+
+def test_prefetch_round_trips_through_a_file(tmp_path):
+    c = LMSConfig(n_tensors=-1, schedule="memory", prefetch="headroom", sync_mode=1)
+    path = c.save(tmp_path / "c.json")
+    assert json.loads(path.read_text())["config"]["prefetch"] == "headroom"
+    assert LMSConfig.load(path) == c
+
+
 def test_serialization_levels_are_inclusive_and_open_ranges_reach_the_last_level():
     from lms.config import serialization_levels
     assert serialization_levels((1, "3:5", 7), 10) == (1, 3, 4, 5, 7)
@@ -189,6 +203,10 @@ def test_serialization_levels_are_inclusive_and_open_ranges_reach_the_last_level
     (dict(serialization="1:3"), "LMSConfig.serialization='1:3': must be a list"),
     (dict(serialization_by_size=-0.5), "LMSConfig.serialization_by_size=-0.5: must be a finite number of GiB"),
     (dict(serialization_by_size="1"), "LMSConfig.serialization_by_size='1'"),
+    (dict(schedule="memory", prefetch="early"), "LMSConfig.prefetch='early': allowed values are 'lb', 'headroom'"),
+    (dict(prefetch="headroom"), "LMSConfig.prefetch='headroom' needs schedule='memory' (got 'tf')"),
+    (dict(schedule="memory", prefetch="headroom", sync_mode=2),
+     "LMSConfig.prefetch='headroom' needs asynchronous swap-ins: sync_mode=2"),
 ])
 def test_bad_scheduling_knobs_give_one_line_errors_naming_field_value_and_allowed(kwargs, message):
     with pytest.raises(ValueError) as err:

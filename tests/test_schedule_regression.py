@@ -53,6 +53,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "memory_all_sync3": {"n_tensors": -1, "lb": 3, "schedule": "memory", "sync_mode": 3},
     "memory_recompute": {"n_tensors": -1, "lb": 1, "schedule": "memory", "recompute": "cheap"},
     "memory_serialization": {"n_tensors": -1, "lb": 2, "schedule": "memory", "serialization": ["2:"]},
+    "memory_prefetch": {"n_tensors": -1, "lb": 3, "schedule": "memory", "prefetch": "headroom"},
+    "memory_prefetch_recompute": {"n_tensors": -1, "lb": 1, "schedule": "memory", "prefetch": "headroom",
+                                  "recompute": "cheap"},
     "tf_sync3": {"n_tensors": -1, "lb": 3, "sync_mode": 3},
     "tf_recompute": {"n_tensors": -1, "lb": 1, "recompute": "cheap"},
 }
@@ -65,6 +68,8 @@ def case_digest(graph: Graph, fields: dict[str, Any]) -> str:
     doc = {"plan": plan.summary(), "kind": sched.kind, "order": sched.order, "constraints": sched.constraints,
            "pins": sched.pins, "dropped": sched.dropped, "candidates": dict(sched.candidates),
            "chosen": sched.chosen, "batch": sched.batch, "serialized_levels": sched.serialized_levels}
+    if sched.prefetch_share:
+        doc["prefetch_share"] = sched.prefetch_share
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 

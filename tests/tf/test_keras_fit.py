@@ -78,6 +78,7 @@ def test_lms_model_fit_is_bitwise_identical(baseline, data):
 PINNED_FIT_CONFIGS = {
     "memory-no-swaps": LMSConfig(n_tensors=0, schedule="memory"),
     "memory-sync3-branches": LMSConfig(lb=2, schedule="memory", sync_mode=3, swap_branches=True, branch_threshold=1),
+    "memory-prefetch-recompute": LMSConfig(lb=2, schedule="memory", prefetch="headroom", recompute="cheap"),
     "tf-serialization": LMSConfig(serialization=["1:"], sync_mode=1),
 }
 

@@ -30,6 +30,7 @@ PIN_CONFIGS = {
     "memory-no-swaps": LMSConfig(n_tensors=0, schedule="memory"),
     "memory-all-swapped": LMSConfig(n_tensors=-1, schedule="memory"),
     "memory-lb3-sync3": LMSConfig(n_tensors=-1, lb=3, schedule="memory", sync_mode=3),
+    "memory-prefetch": LMSConfig(n_tensors=-1, lb=2, schedule="memory", prefetch="headroom"),
     "tf-serialization": LMSConfig(n_tensors=-1, serialization=["2:40"], sync_mode=1),
     "tf-serialization-by-size": LMSConfig(n_tensors=0, serialization_by_size=1e-6),
 }
@@ -46,9 +47,11 @@ def test_pinned_orders_train_bitwise_identically(cases, model, config_name, emul
     sched = schedule_ops(step.graph, step.plan)
     # mlp at batch 6: no pinnable op touches 4 KiB (its MatMuls are fused or Grappler-rewritable)
     assert sched.edges or model == "mlp", "the config pins something"
+    if config.prefetch == "headroom":  # swap-ins moved into the headroom (mlp: no pinnable op to move them behind)
+        assert sched.prefetch_share > 0 or model == "mlp"
 
 
-@pytest.mark.parametrize("config_name", ["memory-all-swapped", "tf-serialization"])
+@pytest.mark.parametrize("config_name", ["memory-all-swapped", "memory-prefetch", "tf-serialization"])
 def test_pinned_edges_survive_grappler(cases, config_name):
     case = cases["cnn_bn"]
     step = lms.function(case.step_fn(), config=PIN_CONFIGS[config_name], emulate=True)
@@ -104,7 +107,8 @@ def test_tuner_zoo_pinned_with_an_unknown_batch_dim_trains_bitwise_identically(m
         return losses, [v.numpy() for v in net.weights + optimizer.variables]
 
     expected = run(tf.function(make_train_step(net, w.loss_fn, optimizer), input_signature=signature))
-    for config in (PIN_CONFIGS["memory-no-swaps"], PIN_CONFIGS["memory-lb3-sync3"], PIN_CONFIGS["tf-serialization"]):
+    for config in (PIN_CONFIGS["memory-no-swaps"], PIN_CONFIGS["memory-lb3-sync3"], PIN_CONFIGS["memory-prefetch"],
+                   PIN_CONFIGS["tf-serialization"]):
         for emulate in (True, False):
             step = lms.function(make_train_step(net, w.loss_fn, optimizer), config=config, emulate=emulate,
                                 input_signature=signature)

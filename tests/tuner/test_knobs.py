@@ -36,10 +36,11 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 def test_table_is_lms_configs_fields_in_order() -> None:
     assert [k.name for k in KNOB_TABLE.knobs] == list(LMSConfig().to_dict())
     assert KNOB_TABLE.columns == ("n_tensors", "lb", "ub", "fuse_swapins", "ctrld_strategy", "swap_branches",
-                                  "branch_threshold", "schedule", "serialization_by_size", "sync_mode", "recompute")
+                                  "branch_threshold", "schedule", "serialization_by_size", "sync_mode", "recompute",
+                                  "prefetch")
     assert [k.name for k in KNOB_TABLE.searched] == ["n_tensors", "lb", "fuse_swapins", "ctrld_strategy",
                                                       "swap_branches", "branch_threshold", "schedule", "sync_mode",
-                                                      "recompute"]
+                                                      "recompute", "prefetch"]
     assert KNOB_TABLE.always_shown == ("n_tensors", "lb")
 
 
@@ -54,6 +55,9 @@ def test_table_is_lms_configs_fields_in_order() -> None:
     (LMSConfig(n_tensors=0, sync_mode=3), LMSConfig(n_tensors=0), True),  # sync_mode paces swaps only
     (LMSConfig(n_tensors=0, schedule="memory"), LMSConfig(n_tensors=0), False),  # an order pinned without swaps
     (LMSConfig(n_tensors=0, recompute="cheap"), LMSConfig(n_tensors=0), False),
+    # prefetch places swap-ins: nothing to place without swaps
+    (LMSConfig(n_tensors=0, schedule="memory", prefetch="headroom"), LMSConfig(n_tensors=0, schedule="memory"), True),
+    (LMSConfig(n_tensors=5, schedule="memory", prefetch="headroom"), LMSConfig(n_tensors=5, schedule="memory"), False),
 ])
 def test_canonical_key_is_equal_exactly_when_configs_plan_alike(a, b, same) -> None:
     assert (canonical_key(a) == canonical_key(b)) is same
