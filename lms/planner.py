@@ -3,7 +3,9 @@
 Candidates (as in TFLMS): outputs of forward ops that backward ops read through
 a data edge. Shape-only readers (``Shape``, ``ShapeN``, ...) do not count.
 Skipped: tensors of rank <= 1 or unknown rank, empty tensors, outputs of cheap
-or stateful producers (`SKIPPED_PRODUCER_TYPES`), tensors outside
+or stateful producers (`SKIPPED_PRODUCER_TYPES`; a view is swapped after all
+when the backward pass reads its computed source only through it, e.g. the
+``Reshape`` of a ``Tensordot``'s ``Transpose``: `_view_holds_its_source`), tensors outside
 ``incl_scopes``/``incl_types`` (when given) or inside ``excl_scopes``/
 ``excl_types``, and tensors also read by an op that is neither forward nor
 backward (e.g. a moving-average update): that reader would keep the device copy
@@ -40,7 +42,9 @@ the previous consumer runs, so the copies would coexist anyway).
 Last, triggers that Grappler could fold into a fusion are moved to a safe
 ancestor (`lms.anchor.anchor_triggers`): the plan is exactly what is applied.
 With ``schedule="memory"`` the swap-ins keep no trigger: the memory schedule
-(`lms.schedule`) places each one and pins it there.
+(`lms.schedule`) places each one and pins it there; floating-point tensors read
+by backward ops that may run during the forward pass (no trigger exists for
+them, `_early`) get one swap-in for those readers too.
 
 ``swap_branches``: a forward tensor whose forward readers lie more than
 ``branch_threshold`` levels after its producer (a long skip connection) is also
@@ -114,7 +118,7 @@ def find_candidates(graph: Graph, config: LMSConfig) -> tuple[list[str], list[Sk
 def _rejection(graph: Graph, config: LMSConfig, tensor: str, readers: Iterable[str]) -> str:
     op = graph.producer(tensor)
     spec = graph.tensors[tensor]
-    if op.type in SKIPPED_PRODUCER_TYPES:
+    if op.type in SKIPPED_PRODUCER_TYPES and not _view_holds_its_source(graph, tensor):
         return f"producer type {op.type} is not worth swapping"
     if spec.rank is None or spec.rank <= 1:
         return "rank <= 1 or unknown rank"
@@ -132,6 +136,31 @@ def _rejection(graph: Graph, config: LMSConfig, tensor: str, readers: Iterable[s
         if graph.ops[r].role is Role.OTHER:
             return f"also read by non-gradient op {r!r}, which keeps it on the device"
     return ""
+
+
+# Views: their output is their input's buffer (as `lms.schedule` and `lms.sim.compiled` model them).
+_VIEW_TYPES = frozenset({"Reshape", "Identity", "Squeeze", "ExpandDims"})
+
+
+def _view_holds_its_source(graph: Graph, tensor: str) -> bool:
+    """True when `tensor` is a view of a computed forward tensor that the backward pass reads only through views.
+
+    Keras's ``Dense`` on a 3-D input reshapes a ``Transpose`` (``Tensordot``) and
+    its gradient reads the reshaped tensor: the view is the only thing that holds
+    the transpose's buffer into the backward pass (GPT-2 small at seq 2048: 31 MiB
+    per sample and layer). Swapping the view frees it. A view of a tensor the
+    backward pass also reads directly is not: that tensor is a candidate itself.
+    """
+    t = tensor
+    while True:
+        op = graph.producer(t)
+        if op.type not in _VIEW_TYPES or not op.inputs:
+            break
+        t = op.inputs[0]
+        if any(graph.ops[r].role is Role.BACKWARD for r in graph.data_consumers(t)):
+            return False  # the source is read by the backward pass itself (a candidate of its own)
+    src = graph.producer(t)
+    return t != tensor and src.role is Role.FORWARD and src.type not in SKIPPED_PRODUCER_TYPES
 
 
 def _in_scopes(name: str, scopes: Iterable[str]) -> bool:
@@ -165,6 +194,7 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
     candidates, skipped = find_candidates(graph, config)
     swaps: dict[str, Swap] = {}
     limit = len(candidates) if config.n_tensors < 0 else config.n_tensors
+    after_losses: frozenset[str] | None = None
     for t in candidates:
         if len(swaps) >= limit:
             skipped.append(Skip(t, f"beyond n_tensors={config.n_tensors}"))
@@ -173,13 +203,22 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
         swap_ins: list[SwapIn] = []
         share = RECOMPUTE_SHARE_LEVELS if config.fuse_swapins and any(is_recompute_op_name(c) for c in backward) \
             else None
+        early: list[str] = []
         for group in _group_consumers(graph, backward, config, gap=share):
             avoid = frozenset(r for c in group for r in clone_readers.get(c, ()))
             trigger, distance, how = _find_trigger(graph, config, t, group[0], role=Role.BACKWARD, avoid=avoid)
-            if trigger is None:  # these readers keep reading the device copy
-                continue
+            if trigger is None:
+                if config.schedule == "memory":
+                    if after_losses is None:
+                        after_losses = _after_losses(graph)
+                    if _early(graph, group, after_losses) and _is_float(graph.tensors[t].dtype):
+                        early += group
+                continue  # else these readers keep reading the device copy
             name = swap_op_name("swap_in", t, len(swap_ins))
             swap_ins.append(SwapIn(name, tuple(group), trigger, distance, how))
+        if early:  # one copy for them all: Grappler still sees them read one tensor (see `_early`)
+            swap_ins.append(SwapIn(swap_op_name("swap_in", t, len(swap_ins)), tuple(early), None, None,
+                                   "early reader"))
         if not swap_ins:
             skipped.append(Skip(t, f"no backward op {config.lb}..{config.ub} levels before its consumers"))
             continue
@@ -195,6 +234,47 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
     log.debug("planned %d swaps (%d swap-ins) of %d candidates", plan.n_swapped, plan.n_swap_ins,
               len(candidates))
     return plan
+
+
+def _is_float(dtype: str | None) -> bool:
+    """Only floating-point tensors get early-reader swap-ins: with the boolean condition of a logistic loss's
+    ``Select`` gradients swapped in, a GAN's variables came out different in a few values
+    (tests/tf/test_realworld.py, ``gan_two_tapes``, memory schedule with recomputation, emulated)."""
+    return bool(dtype) and ("float" in dtype or dtype in ("half", "bfloat16", "double"))
+
+
+def _after_losses(graph: Graph) -> frozenset[str]:
+    """Ops that depend on a forward op no forward op reads (a loss, an output)."""
+    forward = {n for n, op in graph.ops.items() if op.role is Role.FORWARD}
+    sinks = [n for n in forward if not any(graph.ops[c].role is Role.FORWARD for t in graph.ops[n].outputs
+                                            for c in graph.consumers(t))]
+    seen: set[str] = set()
+    stack = list(sinks)
+    while stack:
+        for s in graph.successors[stack.pop()]:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return frozenset(seen)
+
+
+def _early(graph: Graph, readers: list[str], after_losses: frozenset[str]) -> bool:
+    """True when backward `readers` may run while the forward pass runs: no deeper than `Graph.forward_end`
+    and not downstream of a loss.
+
+    Such readers (a tanh-GELU gradient's ``Pow(x, 2)`` reads only the forward
+    ``x``) have no backward op ``lb`` levels before them to trigger a swap-in,
+    and TF runs them in the forward pass and holds their outputs until the
+    backward pass reads them. Under ``schedule="memory"`` they get a swap-in all
+    the same: the schedule places it, and the readers wait for it. (TF seeds a
+    scalar loss's gradient with a constant, so in traced graphs the backward pass
+    does not depend on the loss op; the backward of a branch shallower than the
+    deepest forward op, such as a GAN's discriminator on real data, passes this
+    test too, and its swap-in is placed by the schedule like any other.)
+    """
+    end = graph.forward_end
+    return (end is not None and all(graph.levels[r] <= graph.levels[end] for r in readers)
+            and not any(r in after_losses for r in readers))
 
 
 def _untriggered(plan: SwapPlan) -> SwapPlan:

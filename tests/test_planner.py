@@ -3,7 +3,7 @@ import pytest
 from lms import LMSConfig, PlanError, Role, plan_swaps
 from lms.graph import GraphBuilder, GraphError
 from lms.plan import Swap, SwapIn, SwapPlan, rewrite_graph, SWAP_IN_TYPE, SWAP_OUT_TYPE, swap_op_name
-from tests.synthetic import chain, diamond, long_skip, residual
+from tests.synthetic import MiB, chain, diamond, long_skip, residual
 
 GRAPHS = {
     "chain8": lambda: chain(8), "chain30": lambda: chain(30), "diamond": diamond,
@@ -298,3 +298,65 @@ def test_swap_in_names_sort_among_other_inputs_where_the_tensor_did(tensor, prod
     name = swap_op_name("swap_in", tensor, 2)
     assert [name < o for o in others] == [producer_input < o for o in others]
     assert not name.startswith("lms/")
+
+
+# ---- early backward readers and views (schedule="memory") -------------------------------------------
+
+def gelu_like(*, source_read_by_backward: bool = False):
+    """x -> a (MatMul) -> g (Tanh) -> t (Transpose) -> v (Reshape) -> y (MatMul) -> loss, and a backward pass where
+
+    ``gradient_tape/g/Pow`` reads only the forward ``a`` (a tanh-GELU gradient's ``Pow(a, 2)``: it may run
+    during the forward pass) and ``y``'s gradient reads the view ``v`` of the transpose ``t``.
+    """
+    b = GraphBuilder(batch_size=2, name="gelu_like")
+    b.op("x", "Placeholder", per_sample_bytes=MiB)
+    b.op("w", "ReadVariableOp", shape=(4, 4), fixed_bytes=64)
+    b.op("a", "MatMul", "x:0", "w:0", per_sample_bytes=MiB)
+    b.op("g", "Tanh", "a:0", per_sample_bytes=MiB)
+    b.op("t", "Transpose", "g:0", per_sample_bytes=MiB)
+    b.op("v", "Reshape", "t:0", per_sample_bytes=MiB)
+    b.op("y", "MatMul", "v:0", "w:0", per_sample_bytes=MiB)
+    b.op("loss", "Sum", "y:0", shape=(), fixed_bytes=4)
+    bw = dict(role=Role.BACKWARD)
+    b.op("gradient_tape/loss/Fill", "Fill", "loss:0", grad_of="loss", per_sample_bytes=MiB, **bw)
+    b.op("gradient_tape/y/MatMul_1", "MatMul", "v:0", "gradient_tape/loss/Fill:0", grad_of="y", fixed_bytes=64, **bw)
+    b.op("gradient_tape/y/MatMul", "MatMul", "gradient_tape/loss/Fill:0", "w:0", grad_of="y", per_sample_bytes=MiB,
+         **bw)
+    b.op("gradient_tape/v/Reshape", "Reshape", "gradient_tape/y/MatMul:0", grad_of="v", per_sample_bytes=MiB, **bw)
+    dt = b.op("gradient_tape/t/Transpose", "Transpose", "gradient_tape/v/Reshape:0", grad_of="t",
+              per_sample_bytes=MiB, **bw)
+    if source_read_by_backward:
+        dt = b.op("gradient_tape/t/Mul", "Mul", dt, "t:0", grad_of="t", per_sample_bytes=MiB, **bw)
+    b.op("gradient_tape/g/Pow", "Pow", "a:0", grad_of="g", per_sample_bytes=MiB, **bw)
+    b.op("gradient_tape/g/Mul", "Mul", dt, "gradient_tape/g/Pow:0", grad_of="g", per_sample_bytes=MiB, **bw)
+    b.op("gradient_tape/a/MatMul_1", "MatMul", "x:0", "gradient_tape/g/Mul:0", grad_of="a", fixed_bytes=64, **bw)
+    return b.build()
+
+
+def test_an_early_backward_reader_gets_a_swap_in_only_under_a_memory_schedule():
+    g = gelu_like()
+    assert g.levels["gradient_tape/g/Pow"] <= g.levels[g.forward_end]  # it may run in the forward pass
+    tf_plan = plan_swaps(g, LMSConfig(n_tensors=-1))
+    served = {c for s in tf_plan.swaps if s.tensor == "a:0" for si in s.swap_ins for c in si.consumers}
+    assert "gradient_tape/g/Pow" not in served  # TF's order: no trigger, it keeps reading the device copy
+    plan = plan_swaps(g, LMSConfig(n_tensors=-1, schedule="memory"))
+    (swap,) = [s for s in plan.swaps if s.tensor == "a:0"]
+    early = [si for si in swap.swap_ins if "gradient_tape/g/Pow" in si.consumers]
+    assert len(early) == 1 and early[0].trigger is None and early[0].strategy.startswith("early reader")
+    rewritten = plan.validate(g)
+    assert rewritten.ops["gradient_tape/g/Pow"].inputs == (f"{early[0].name}:0",)
+    # the schedule runs that swap-in, and so the reader, after the forward pass
+    from lms.schedule import schedule_ops
+    order = schedule_ops(g, plan).order
+    assert g.forward_end == "loss"
+    assert order.index("gradient_tape/g/Pow") > order.index(early[0].name) > order.index("loss")
+
+
+def test_a_view_that_alone_holds_its_source_is_a_candidate():
+    plan = plan_swaps(gelu_like(), LMSConfig(n_tensors=-1))
+    assert "v:0" in {s.tensor for s in plan.swaps}  # the Reshape of the Transpose: swapping it frees t
+    # a view of a tensor the backward pass reads itself is not: that tensor is swapped
+    plan = plan_swaps(gelu_like(source_read_by_backward=True), LMSConfig(n_tensors=-1))
+    swapped = {s.tensor for s in plan.swaps}
+    assert "t:0" in swapped and "v:0" not in swapped
+    assert any(k.tensor == "v:0" and "producer type Reshape" in k.reason for k in plan.skipped)
