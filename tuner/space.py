@@ -123,7 +123,11 @@ class SearchSpace:
         starts = [self.baseline_params(), tflms]
         for k in self.knobs:
             if k.warm is not None and k.applies(tflms) and k.warm in self.values(k):
-                starts.append({**tflms, k.name: k.warm})
+                start = {**tflms, k.name: k.warm}
+                for j in self.knobs:  # knobs the warm value makes apply (prefetch with schedule="memory")
+                    if j.name not in start and j.applies(start):
+                        start[j.name] = self._first(j)  # at their defaults, not drawn by the sampler
+                starts.append(start)
         return starts
 
     def grid(self) -> list[dict[str, Any]]:

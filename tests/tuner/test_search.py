@@ -50,13 +50,15 @@ def test_space_small_graph_has_one_level_per_tensor() -> None:
 def test_grid_is_the_whole_space() -> None:
     space = SearchSpace(n_candidates=213)
     grid = space.grid()
-    # n_tensors x lb x fuse x strategy x (no branches + 3 thresholds) x schedule x sync_mode x recompute
-    assert len(grid) == 9 * 5 * 2 * 2 * 4 * 2 * 2 * 2
+    # n_tensors x lb x fuse x strategy x (no branches + 3 thresholds) x (schedule tf + memory x 2 prefetch)
+    # x sync_mode x recompute
+    assert len(grid) == 9 * 5 * 2 * 2 * 4 * 3 * 2 * 2
     keys = {canonical_key(space.config_of(p)) for p in grid}
     swap_knobs = 5 * 2 * 2 * 4 * 2  # lb, fuse, strategy, branches, sync_mode: meaningless without swaps or clones
     # n_tensors=0 without recompute: one config per schedule (no LMS; an order pinned alone);
-    # n_tensors=0 with recompute: the swap knobs still shape the clones' triggers.
-    assert len(keys) == 2 + 2 * swap_knobs + 8 * swap_knobs * 2 * 2
+    # n_tensors=0 with recompute: the swap knobs still shape the clones' triggers (and count as planning apart,
+    # prefetch too).
+    assert len(keys) == 2 + 3 * swap_knobs + 8 * swap_knobs * 3 * 2
     assert {p["lb"] for p in grid} == {1, 4, 7, 10, 13}
     assert {p.get("branch_threshold") for p in grid} == {None, 10, 25, 40}
 
@@ -76,11 +78,11 @@ def test_suggest_matches_fixed_params() -> None:
     space = SearchSpace(n_candidates=20)
     params = {"n_tensors": 9, "lb": 7, "fuse_swapins": True, "ctrld_strategy": "direct_order",
               "swap_branches": True, "branch_threshold": 40, "schedule": "memory", "sync_mode": 1,
-              "recompute": "cheap"}
+              "recompute": "cheap", "prefetch": "headroom"}
     config = space.suggest(optuna.trial.FixedTrial(params))
     assert config == LMSConfig(n_tensors=9, lb=7, fuse_swapins=True, ctrld_strategy="direct_order",
                                swap_branches=True, branch_threshold=40, schedule="memory", sync_mode=1,
-                               recompute="cheap")
+                               recompute="cheap", prefetch="headroom")
 
 
 def test_warm_start_params() -> None:
