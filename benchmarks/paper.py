@@ -264,6 +264,9 @@ def config_grid(n_candidates: int, *, n_tensors: Sequence[int] | None = None,
     # the step's order chosen for memory and pinned (lms.schedule): swap-ins placed lb-1 ops early
     memory = [LMSConfig(n_tensors=n, lb=lb, schedule="memory") for n, lb in itertools.product(ns, (1, 3, 8))]
     memory += [LMSConfig(n_tensors=-1, lb=1, schedule="memory", sync_mode=1)]
+    # ... and moved into the memory the order leaves free (prefetch="headroom")
+    memory += [LMSConfig(n_tensors=n, lb=lb, schedule="memory", prefetch="headroom")
+               for n, lb in itertools.product(ns, (1, 3))]
     return tuple(dict.fromkeys(chain + direct + branches + memory))
 
 

@@ -50,6 +50,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "all, lb=3, fused, recompute=cheap": {"n_tensors": -1, "lb": 3, "fuse_swapins": True, "recompute": "cheap"},
     "all, lb=3, schedule=memory": {"n_tensors": -1, "lb": 3, "schedule": "memory"},
     "all, lb=3, schedule=memory, sync_mode=3": {"n_tensors": -1, "lb": 3, "schedule": "memory", "sync_mode": 3},
+    "all, lb=1, schedule=memory, prefetch=headroom": {"n_tensors": -1, "lb": 1, "schedule": "memory",
+                                                      "prefetch": "headroom"},
+    "all, lb=1, schedule=memory, prefetch=headroom, recompute=cheap": {
+        "n_tensors": -1, "lb": 1, "schedule": "memory", "prefetch": "headroom", "recompute": "cheap"},
 }
 
 

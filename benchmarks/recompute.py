@@ -7,6 +7,7 @@ P100 profile (NVLink 1.0, the TFLMS paper's machine), the simulator
 each with and without recomputation:
 
     schedule in ("tf", "memory") x lb in (1, 3) x fuse_swapins in (False, True)
+    (x prefetch in ("lb", "headroom") with the memory schedule)
 
 and reports per config the batch, the throughput cost against no LMS, and the
 bytes moved over the host link per sample. "Same batch" compares the bytes per
@@ -46,9 +47,13 @@ TARGETS = {"resnet50": {"ratio": 6.0, "max_cost": 0.35, "link_cut": 0.30}, "gpt2
 MiB = 1 << 20
 
 
+KNOBS = ("schedule", "lb", "fuse_swapins", "prefetch")
+
+
 def grid() -> list[dict[str, Any]]:
-    return [{"schedule": s, "lb": lb, "fuse_swapins": fuse}
-            for s, lb, fuse in itertools.product(("tf", "memory"), (1, 3), (False, True))]
+    return [{"schedule": s, "lb": lb, "fuse_swapins": fuse, "prefetch": pf}
+            for s, lb, fuse, pf in itertools.product(("tf", "memory"), (1, 3), (False, True), ("lb", "headroom"))
+            if s == "memory" or pf == "lb"]
 
 
 def _outcome(graph, config: LMSConfig, budget: int, device, base_throughput: float) -> dict[str, Any]:
@@ -62,7 +67,7 @@ def _outcome(graph, config: LMSConfig, budget: int, device, base_throughput: flo
         return {"config": config.to_dict(), "batch": 0}
     r = simulate(graph, plan, batch=m.batch, device=device, timeline=False)
     return {
-        "config": {k: v for k, v in config.to_dict().items() if k in ("schedule", "lb", "fuse_swapins", "recompute")},
+        "config": {k: v for k, v in config.to_dict().items() if k in (*KNOBS, "recompute")},
         "batch": m.batch, "throughput": m.throughput, "step_time_s": r.step_time_s,
         "compute_time_s": r.compute_time_s, "stall_time_s": r.stall_time_s,
         "throughput_cost": 1 - m.throughput / base_throughput,
@@ -90,7 +95,7 @@ def evaluate(key: str, graph, *, budget: int) -> dict[str, Any]:
     for r in rows:
         if r["config"]["recompute"] != "cheap" or not r["batch"]:
             continue
-        knobs = {k: r["config"][k] for k in ("schedule", "lb", "fuse_swapins")}
+        knobs = {k: r["config"][k] for k in KNOBS}
         alone = simulate(graph, LMSConfig(**knobs), batch=r["batch"], device=device, timeline=False)
         same.append({"config": knobs, "batch": r["batch"], "swap_alone_bytes_per_sample": alone.transfer_bytes / r["batch"],
                      "with_recompute_bytes_per_sample": r["link_bytes_per_sample"],
@@ -107,22 +112,24 @@ def markdown(doc: dict[str, Any]) -> str:
     for row in doc["rows"]:
         base = row["no_lms"]
         lines += [f"## {row['key']} ({row['n_ops']} ops): no LMS batch {base['batch']}", "",
-                  "| schedule | lb | fuse | recompute | batch | x no-LMS | throughput cost | MiB/sample over link | "
-                  "recomputed | clones |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| schedule | lb | fuse | prefetch | recompute | batch | x no-LMS | throughput cost | "
+                  "MiB/sample over link | recomputed | clones |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in row["configs"]:
             c = r["config"]
             if not r["batch"]:
-                lines.append(f"| {c.get('schedule')} | {c.get('lb')} | {c.get('fuse_swapins')} | {c.get('recompute')} | "
-                             "0 | - | - | - | - | - |")
+                lines.append(f"| {c.get('schedule')} | {c.get('lb')} | {c.get('fuse_swapins')} | {c.get('prefetch')} | "
+                             f"{c.get('recompute')} | 0 | - | - | - | - | - |")
                 continue
-            lines.append(f"| {c['schedule']} | {c['lb']} | {c['fuse_swapins']} | {c['recompute']} | {r['batch']} | "
+            lines.append(f"| {c['schedule']} | {c['lb']} | {c['fuse_swapins']} | {c['prefetch']} | {c['recompute']} | "
+                         f"{r['batch']} | "
                          f"{r['batch'] / base['batch']:.2f}x | {100 * r['throughput_cost']:.1f}% | "
                          f"{r['link_bytes_per_sample'] / MiB:.1f} | {r['n_recomputed']} | {r['n_clones']} |")
         lines += ["", "Link bytes per sample at the same batch (swap alone vs swap + recompute, same knobs):", "",
-                  "| schedule | lb | fuse | batch | swap alone MiB | + recompute MiB | cut |", "|---|---|---|---|---|---|---|"]
+                  "| schedule | lb | fuse | prefetch | batch | swap alone MiB | + recompute MiB | cut |",
+                  "|---|---|---|---|---|---|---|---|"]
         for s in row["same_batch"]:
             c = s["config"]
-            lines.append(f"| {c['schedule']} | {c['lb']} | {c['fuse_swapins']} | {s['batch']} | "
+            lines.append(f"| {c['schedule']} | {c['lb']} | {c['fuse_swapins']} | {c['prefetch']} | {s['batch']} | "
                          f"{s['swap_alone_bytes_per_sample'] / MiB:.1f} | {s['with_recompute_bytes_per_sample'] / MiB:.1f} | "
                          f"{100 * s['cut']:.0f}% |")
         lines.append("")

@@ -4,7 +4,7 @@ Issue 14 asked whether a memory-scheduled config reaches a batch of at least
 990 on the P100 profile at a throughput cost of at most 35% against no LMS at
 its own max batch. This script walks a grid of the knobs that trade memory for
 time -- how many tensors are swapped (``n_tensors``), how early swap-ins start
-(``lb``), ``sync_mode``, ``recompute`` -- with the simulator (`lms.simulator.max_batch`, the
+(``lb``, ``prefetch``), ``sync_mode``, ``recompute`` -- with the simulator (`lms.simulator.max_batch`, the
 graph traced by `benchmarks/paper.py` and cached there), and prints every
 config's batch and cost, then the Pareto front.
 
@@ -39,6 +39,7 @@ N_TENSORS = (-1, 250, 200, 150, 120, 100, 95, 90)
 LBS = (1, 3, 5, 6, 8)
 SYNC_MODES = (0, 2)
 RECOMPUTE = ("none", "cheap")
+PREFETCH = ("lb", "headroom")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,15 +50,18 @@ def main(argv: list[str] | None = None) -> int:
     graph, _, _ = load_graph(spec)
     base = max_batch(graph, None, BUDGET, device=args.device)
     rows = []
-    grid = itertools.product(N_TENSORS, LBS, SYNC_MODES, RECOMPUTE)
-    for n_tensors, lb, sync_mode, recompute in grid:
-        config = LMSConfig(n_tensors=n_tensors, lb=lb, schedule="memory", sync_mode=sync_mode, recompute=recompute)
+    grid = itertools.product(N_TENSORS, LBS, SYNC_MODES, RECOMPUTE, PREFETCH)
+    for n_tensors, lb, sync_mode, recompute, prefetch in grid:
+        config = LMSConfig(n_tensors=n_tensors, lb=lb, schedule="memory", sync_mode=sync_mode, recompute=recompute,
+                           prefetch=prefetch)
         t0 = time.perf_counter()
         m = max_batch(graph, plan_swaps(graph, config), BUDGET, device=args.device)
         cost = 1 - m.throughput / base.throughput
-        rows.append({"config": {"n_tensors": n_tensors, "lb": lb, "sync_mode": sync_mode, "recompute": recompute},
+        rows.append({"config": {"n_tensors": n_tensors, "lb": lb, "sync_mode": sync_mode, "recompute": recompute,
+                                "prefetch": prefetch},
                      "batch": m.batch, "throughput": m.throughput, "cost": cost, "n_swapped": m.n_swapped})
-        print(f"n_tensors={n_tensors:4d} lb={lb} sync_mode={sync_mode} recompute={recompute:5s}: batch {m.batch:5d}, "
+        print(f"n_tensors={n_tensors:4d} lb={lb} sync_mode={sync_mode} recompute={recompute:5s} "
+              f"prefetch={prefetch:8s}: batch {m.batch:5d}, "
               f"{m.throughput:6.1f} samples/s, cost {cost:5.1%} ({m.n_swapped} swapped) "
               f"[{time.perf_counter() - t0:.1f} s]", flush=True)
     front = [r for r in rows if not any(o["batch"] >= r["batch"] and o["cost"] < r["cost"]

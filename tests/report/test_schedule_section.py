@@ -41,6 +41,17 @@ def test_summary_is_the_schedule_the_pass_computes():
     assert summary.sentence.startswith("The recommended config pins the order (schedule='memory'): scheduler "
                                        f"'list_lifo_sunk' was chosen of {len(CANDIDATES)} candidates")
     assert f"it orders {len(sched.order)} ops with {len(sched.pins)} control edges" in summary.sentence
+    assert summary.prefetch_share == 0.0 and "prefetch" not in summary.sentence
+
+
+def test_summary_says_how_far_swap_ins_were_prefetched():
+    graph = residual(4)
+    config = LMSConfig(n_tensors=-1, schedule="memory", prefetch="headroom")
+    summary = schedule_summary(graph, config)
+    share = schedule_ops(graph, plan_swaps(graph, config)).prefetch_share
+    assert summary.prefetch_share == share == 1.0
+    assert summary.sentence.endswith("Its swap-ins were moved earlier into 100% of the memory the order leaves free "
+                                     "below its peak (prefetch='headroom').")
 
 
 def test_the_timeline_simulates_the_pinned_order():

@@ -51,6 +51,8 @@ class ScheduleSummary:
             pinnable pair could express.
         candidates: each scored order, lowest peak first (empty for ``"tf"``).
         scoring_batch: the batch the candidates were scored at.
+        prefetch_share: with ``prefetch="headroom"``, the share of the order's peak its swap-ins
+            were moved into (0: none moved, or ``prefetch="lb"``).
     """
 
     kind: str
@@ -61,6 +63,7 @@ class ScheduleSummary:
     n_dropped: int = 0
     candidates: tuple[ScheduleCandidate, ...] = ()
     scoring_batch: int = 0
+    prefetch_share: float = 0.0
 
     @property
     def pinned(self) -> bool:
@@ -78,9 +81,11 @@ class ScheduleSummary:
         best = min(c.peak_bytes for c in self.candidates) if self.candidates else 0
         tied = [c.name for c in self.candidates if c.peak_bytes == best and c.name != self.chosen]
         tie = f" (tied with {', '.join(tied)}; kept by tie-break order)" if tied else ""
+        moved = (f" Its swap-ins were moved earlier into {self.prefetch_share:.0%} of the memory the order "
+                 "leaves free below its peak (prefetch='headroom')." if self.prefetch_share else "")
         return (f"The recommended config pins the order (schedule='{self.kind}'): scheduler {self.chosen!r} was "
                 f"chosen of {len(self.candidates)} candidates{tie}; it orders {self.n_ordered} ops with "
-                f"{self.n_pins} control edges, and the recommended curve is simulated with those pins.")
+                f"{self.n_pins} control edges, and the recommended curve is simulated with those pins.{moved}")
 
 
 def schedule_summary(graph: Any, config: Any) -> ScheduleSummary:
@@ -103,4 +108,5 @@ def schedule_summary(graph: Any, config: Any) -> ScheduleSummary:
                                  key=lambda kv: (kv[1], rank.index(kv[0]) if kv[0] in rank else len(rank))))
     return ScheduleSummary(kind=sched.kind, chosen=sched.chosen, n_ordered=len(sched.order), n_pins=len(sched.pins),
                            n_constraints=len(sched.constraints), n_dropped=len(sched.dropped),
-                           candidates=candidates, scoring_batch=sched.batch if sched.order else 0)
+                           candidates=candidates, scoring_batch=sched.batch if sched.order else 0,
+                           prefetch_share=sched.prefetch_share)
