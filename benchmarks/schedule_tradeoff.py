@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     grid = itertools.product(N_TENSORS, LBS, SYNC_MODES, RECOMPUTE, PREFETCH)
     for n_tensors, lb, sync_mode, recompute, prefetch in grid:
+        if prefetch != "lb" and sync_mode in (2, 3):
+            continue  # synchronous swap-ins: nothing to prefetch (LMSConfig refuses the pair)
         config = LMSConfig(n_tensors=n_tensors, lb=lb, schedule="memory", sync_mode=sync_mode, recompute=recompute,
                            prefetch=prefetch)
         t0 = time.perf_counter()

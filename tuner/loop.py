@@ -141,8 +141,16 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[Any, Any], Tria
             with _ASK_LOCK, (ask_lock() if ask_lock is not None else contextlib.nullcontext()), \
                     warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")  # ours runs in _heartbeat
-                trial = study.ask()
-                trial.set_user_attr("owner", owner())
+                # count again under the lock: another worker may have taken the last slot since the check above
+                trials = study.get_trials(deepcopy=False)
+                full = sum(1 for t in trials if counted(t) or t.state == TrialState.RUNNING
+                           and t.user_attrs.get("owner")) >= n_trials
+                if not full:
+                    trial = study.ask()
+                    trial.set_user_attr("owner", owner())
+            if full:
+                why("others")
+                break
             config = space.suggest(trial)
             key = space.table.canonical_key(config)
             heartbeat = start_heartbeat(study, trial)
