@@ -894,13 +894,13 @@ class _ExecutorModel:
     """
 
     def __init__(self, g: Graph, m: _Model) -> None:
-        from .sim.order import _root_rank
+        from .sim.order import root_rank
 
         self.m = m
         self.succs = m.succs
         self.n_preds = [len(p) for p in m.preds]
         self.roots = [i for i in range(len(m.names)) if not m.preds[i]]  # pins end on ops with inputs
-        self.ranked_roots = sorted(self.roots, key=lambda i: _root_rank(g, m.names[i]))
+        self.ranked_roots = sorted(self.roots, key=lambda i: root_rank(g, m.names[i]))
 
     def resized(self, m: _Model) -> "_ExecutorModel":
         """The same graph's executor models over `m` (the graph's buffers sized at another batch)."""

@@ -7,7 +7,7 @@ import collections
 from ..graph import Graph, Op
 from .costs import ZERO_COST_TYPES
 
-__all__ = ["executed_order", "bypass_identities", "ORDERS", "BYPASSED_TYPES"]
+__all__ = ["executed_order", "bypass_identities", "root_rank", "ORDERS", "BYPASSED_TYPES"]
 
 ORDERS = ("executor", "single_threaded", "fifo", "creation")
 
@@ -23,7 +23,7 @@ def executed_order(graph: Graph, kind: str = "executor", *,
 
     ``"executor"`` follows TF's ``ExecutorState`` scheduling (``executor.cc``):
     each op without inputs starts a *task* on the thread pool's queue (variable
-    handles first, the step's data last: `_root_rank`); a task runs an inline FIFO queue: when an op
+    handles first, the step's data last: `root_rank`); a task runs an inline FIFO queue: when an op
     finishes, the successors it makes ready are appended in out-edge order
     (consumer creation order), except *expensive* ones: all but the last are
     pushed as new tasks to the front of the pool's queue (a worker's own queue
@@ -81,7 +81,7 @@ def executed_order(graph: Graph, kind: str = "executor", *,
                     ready.append(s)
     else:
         expensive = _expensive_ops(graph, expensive_op_bytes)
-        tasks = collections.deque(sorted(roots, key=lambda n: _root_rank(graph, n)))
+        tasks = collections.deque(sorted(roots, key=lambda n: root_rank(graph, n)))
         while tasks:
             inline = collections.deque((tasks.popleft(),))
             while inline:
@@ -150,7 +150,7 @@ def _reverse_post_order(graph: Graph) -> tuple[str, ...]:
     return tuple(post)
 
 
-def _root_rank(graph: Graph, name: str) -> int:
+def root_rank(graph: Graph, name: str) -> int:
     """Task order of the ops without inputs: variable handles, then the rest, then the step's data.
 
     Seen in TF's CPU traces: the variable reads (and what they feed, e.g. the
