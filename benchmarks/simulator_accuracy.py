@@ -161,7 +161,8 @@ def swap_code_version() -> str:
 
 
 # ... and a measurement with the order pinned, per version of that code plus the scheduling pass.
-SCHEDULE_CODE = SWAP_CODE + ("lms/schedule.py", "lms/anchor.py", "lms/tf/pin.py", "lms/tf/function.py")
+SCHEDULE_CODE = SWAP_CODE + ("lms/schedule.py", "lms/schedule_model.py", "lms/schedule_candidates.py",
+                             "lms/anchor.py", "lms/tf/pin.py", "lms/tf/function.py")
 
 
 def schedule_code_version() -> str:
