@@ -107,7 +107,7 @@ class Schedule:
             the ``"executor"`` and ``"single_threaded"`` models).
         chosen: the candidate kept.
         prefetch_share: with ``prefetch="headroom"``, the share of the order's
-            peak its swap-ins were moved into (0: none moved; see `_prefetched`).
+            peak its swap-ins were moved into (0: none moved; see `lms.schedule_candidates._prefetched`).
         batch: batch the sizes were taken at.
         serialized_levels: the levels ``serialization`` chained.
         schedule_s: wall time of the pass.
