@@ -74,10 +74,14 @@ def test_pick_tuned_prefers_batch_then_throughput_then_the_smallest_need():
 
 def test_config_grid_sizes_and_values():
     grid = paper.config_grid(40)  # n_tensors -1, 20, 10
-    assert len(grid) == len(set(grid)) == 3 * 4 * 2 + 3 * 2 + 3 * 2 * 3 + 3 * 3 + 1
+    assert len(grid) == len(set(grid)) == 3 * 4 * 2 + 3 * 2 + 3 * 2 * 3 + 3 * 3 + 1 + 3 * 2
     assert {c.n_tensors for c in grid} == {-1, 20, 10}
-    assert sum(c.schedule == "memory" for c in grid) == 3 * 3 + 1
+    assert sum(c.schedule == "memory" for c in grid) == 3 * 3 + 1 + 3 * 2
     assert {c.sync_mode for c in grid if c.schedule == "memory"} == {0, 1}
+    # prefetch="headroom" at lb 1 and 3, every n_tensors, asynchronous swap-ins
+    assert {(c.n_tensors, c.lb) for c in grid if c.prefetch == "headroom"} == {(n, lb) for n in (-1, 20, 10)
+                                                                              for lb in (1, 3)}
+    assert all(c.sync_mode == 0 for c in grid if c.prefetch == "headroom")
     assert {c.branch_threshold for c in grid if c.swap_branches} == {10, 20, 40}
     assert {c.ctrld_strategy for c in grid} == {"chain_rule", "direct_order"}
     # values at or above the candidate count are dropped: they would plan like -1
