@@ -56,10 +56,10 @@ from .anchor import merged_pairs, pinnable_ops, trigger_ops
 from .config import LMSConfig, serialization_levels
 from .graph import SHAPE_ONLY_TYPES, Graph, GraphError, Op, Role
 from .plan import SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
-from .schedule_candidates import (PIN_MIN_BYTES, _list_schedule, _place_swap_ins, _post_order, _prefetched,
-                                  _sink)
-from .schedule_candidates import _PREFETCH_DOMINANCE  # noqa: F401  (tests import it from here)
-from .schedule_model import EXECUTOR_KINDS, _ExecutorModel, _Model, _model, _peak, order_peak, scoring_batch
+from .schedule_candidates import (PIN_MIN_BYTES, list_schedule, place_swap_ins, post_order, prefetched,
+                                  sink)
+from .schedule_model import (EXECUTOR_KINDS, BufferModel, ExecutorModel, buffer_model, live_peak, order_peak,
+                             scoring_batch)
 
 __all__ = ["Schedule", "ScheduleError", "schedule_ops", "pin_graph", "order_peak", "ordering_edges",
            "anchor_edges", "merge_edges", "resource_edges", "resource_order_edges", "scoring_batch", "PIN_MIN_BYTES",
@@ -107,7 +107,7 @@ class Schedule:
             the ``"executor"`` and ``"single_threaded"`` models).
         chosen: the candidate kept.
         prefetch_share: with ``prefetch="headroom"``, the share of the order's
-            peak its swap-ins were moved into (0: none moved; see `lms.schedule_candidates._prefetched`).
+            peak its swap-ins were moved into (0: none moved; see `lms.schedule_candidates.prefetched`).
         batch: batch the sizes were taken at.
         serialized_levels: the levels ``serialization`` chained.
         schedule_s: wall time of the pass.
@@ -371,7 +371,7 @@ def merge_edges(graph: Graph) -> tuple[tuple[str, str], ...]:
 
 # ---- pins --------------------------------------------------------------------------------------
 
-def _chain_pins(g: Graph, m: _Model, order: list[int], pinnable: frozenset[str]) -> tuple[tuple[str, str], ...]:
+def _chain_pins(g: Graph, m: BufferModel, order: list[int], pinnable: frozenset[str]) -> tuple[tuple[str, str], ...]:
     """Edges that pin `order` among its pinnable ops that allocate or read >= `PIN_MIN_BYTES` (and swap ops).
 
     Consecutive chain members ``a, b`` get ``a ..> b`` unless the graph already
@@ -396,7 +396,7 @@ def _chain_pins(g: Graph, m: _Model, order: list[int], pinnable: frozenset[str])
     return tuple(pins)
 
 
-def _trigger_pins(m: _Model, order: list[int], triggers: frozenset[str]) -> tuple[tuple[str, str], ...]:
+def _trigger_pins(m: BufferModel, order: list[int], triggers: frozenset[str]) -> tuple[tuple[str, str], ...]:
     """For each swap-in of `order`: an edge from the last trigger op before it (stopping at a swap op or an input).
 
     The chain pins a swap-in behind the previous pinnable op of the order; in a
@@ -461,14 +461,14 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
     # the anchored constraints, oneDNN's merges, and the variable reads and writes in program order.
     g = complete_sizes(pin_graph(rewritten, anchored + merge_edges(rewritten) + resource_edges(rewritten)))
     batch = max(batch, scoring_batch(g))
-    m = _model(g, batch)
+    m = buffer_model(g, batch)
     lead = 0 if config.sync_mode in (2, 3) else config.lb - 1
-    lifo = _list_schedule(m, lifo=True)
+    lifo = list_schedule(m, lifo=True)
     candidates: dict[str, list[int]] = {
-        "list_lifo_sunk": _place_swap_ins(m, _sink(m, lifo), lead),
-        "list_lifo": _place_swap_ins(m, lifo, lead),
-        "list_fifo": _place_swap_ins(m, _list_schedule(m, lifo=False), lead),
-        "post_order": _post_order(m),
+        "list_lifo_sunk": place_swap_ins(m, sink(m, lifo), lead),
+        "list_lifo": place_swap_ins(m, lifo, lead),
+        "list_fifo": place_swap_ins(m, list_schedule(m, lifo=False), lead),
+        "post_order": post_order(m),
         "creation": [m.index[n] for n in g.topological_order],
     }
     triggers = trigger_ops(rewritten, pinnable=pinnable)
@@ -477,18 +477,18 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
 
     pins_of = {name: pins_for(order) for name, order in candidates.items()}
     pins_of["tf"] = ()  # TF's own order, nothing pinned: the pass never does worse than without it
-    executor = _ExecutorModel(g, m)
+    executor = ExecutorModel(g, m)
     tf_orders = executor.orders(())
     candidates["tf"] = tf_orders[1]
     # candidates often pin alike: score each pin set once
-    scored: dict[tuple[tuple[str, str], ...], int] = {(): max(_peak(m, order) for order in tf_orders)}
+    scored: dict[tuple[tuple[str, str], ...], int] = {(): max(live_peak(m, order) for order in tf_orders)}
     peaks = {name: scored.setdefault(pins, executor.peak(pins)) if pins not in scored else scored[pins]
              for name, pins in pins_of.items()}
     chosen = min(peaks, key=lambda k: (peaks[k], list(candidates).index(k)))
     order = candidates[chosen]
     share = 0.0
     if config.prefetch == "headroom" and chosen != "tf" and lead == config.lb - 1:
-        order, share = _prefetched(g, order, pins_for, executor)
+        order, share = prefetched(g, order, pins_for, executor)
         if share:
             pins_of[chosen] = pins_for(order)
     sched = Schedule(kind="memory", order=tuple(m.names[i] for i in order), constraints=constraints,

@@ -15,7 +15,7 @@ among the ready ops:
 Ties go to the op that became ready last, so one branch's backward runs to
 completion before the next starts (a depth-first walk). A variant then moves
 each backward op that frees no more than it allocates to just before its first
-reader (`_sink`): ops such as a per-channel gradient's ``BroadcastTo`` only add
+reader (`sink`): ops such as a per-channel gradient's ``BroadcastTo`` only add
 memory, and the list scheduler ran them as soon as they were ready. A swap-in is taken
 only when its reader is waiting for it (just in time) and then moved ``lb - 1``
 ops earlier (``sync_mode`` 2/3: not moved), never before its trigger. The
@@ -23,7 +23,7 @@ other candidates: the same with first-ready ties (breadth-first), a post-order
 DFS from the step's outputs, and the creation order.
 
 With ``prefetch="headroom"`` the chosen order's swap-ins then move earlier,
-into the memory the order leaves free below its peak (`_prefetched`): a copy
+into the memory the order leaves free below its peak (`prefetched`): a copy
 placed just in time stalls its reader for the whole transfer, one placed where
 memory is free overlaps compute. How far is checked against TF's executor
 models, which run an unpinned reader of an early swap-in early.
@@ -38,9 +38,10 @@ import numpy as np
 
 from .graph import Graph, GraphError, Role
 from .plan import SWAP_IN_TYPE, SWAP_OUT_TYPE
-from .schedule_model import _ExecutorModel, _live_bytes, _Model, _model, scoring_batch
+from .schedule_model import ExecutorModel, live_bytes, BufferModel, buffer_model, scoring_batch
 
-__all__ = ["PIN_MIN_BYTES"]
+__all__ = ["PIN_MIN_BYTES", "list_schedule", "sink", "post_order", "place_swap_ins", "prefetch_order", "prefetched",
+           "PREFETCH_SHARES", "PREFETCH_DOMINANCE"]
 
 # An op joins the pinned chain when it allocates or reads a buffer at least this large (at the traced
 # batch): smaller ones cannot move the peak by more than a few KiB, and they are the ops Grappler folds.
@@ -52,7 +53,7 @@ _SMALL_BYTES = 4096
 
 # ---- candidate orders --------------------------------------------------------------------------
 
-def _list_schedule(m: _Model, *, lifo: bool) -> list[int]:
+def list_schedule(m: BufferModel, *, lifo: bool) -> list[int]:
     """The training-graph list scheduler of the module docstring."""
     n = len(m.names)
     pending = [len(p) for p in m.preds]
@@ -143,7 +144,7 @@ def _list_schedule(m: _Model, *, lifo: bool) -> list[int]:
     return order
 
 
-def _sink(m: _Model, order: list[int]) -> list[int]:
+def sink(m: BufferModel, order: list[int]) -> list[int]:
     """`order` with each backward op that frees no more than it allocates moved to just before its first reader.
 
     Such an op (a ``BroadcastTo`` of a per-channel gradient; a ``RealDiv`` that
@@ -153,7 +154,7 @@ def _sink(m: _Model, order: list[int]) -> list[int]:
     (two 3 GiB tensors at batch 1,012) and keeps it through the other branch's
     whole backward pass. Ops are visited from the last to the first, so a chain
     (``BroadcastTo -> RealDiv -> AddN``) sinks as a whole. Swap ops keep their
-    places (`_place_swap_ins` moves swap-ins); forward ops are not moved.
+    places (`place_swap_ins` moves swap-ins); forward ops are not moved.
     """
     order = list(order)
     n = len(order)
@@ -177,7 +178,7 @@ def _sink(m: _Model, order: list[int]) -> list[int]:
     return order
 
 
-def _post_order(m: _Model) -> list[int]:
+def post_order(m: BufferModel) -> list[int]:
     """XLA's post-order scheduler: a DFS from the sinks, each op after its inputs, inputs in graph order."""
     n = len(m.names)
     done = [False] * n
@@ -201,7 +202,7 @@ def _post_order(m: _Model) -> list[int]:
     return order
 
 
-def _place_swap_ins(m: _Model, order: list[int], lead: int) -> list[int]:
+def place_swap_ins(m: BufferModel, order: list[int], lead: int) -> list[int]:
     """Move each swap-in up to `lead` ops earlier, never before its inputs (trigger, swap-out)."""
     if lead <= 0:
         return order
@@ -219,7 +220,7 @@ def _place_swap_ins(m: _Model, order: list[int], lead: int) -> list[int]:
     return out
 
 
-def _prefetch(m: _Model, order: list[int], share: float) -> list[int]:
+def prefetch_order(m: BufferModel, order: list[int], share: float) -> list[int]:
     """`order` with each swap-in moved as early as `share` of the order's peak leaves room for it.
 
     A swap-in steps back op by op, never before its inputs (its trigger, its
@@ -231,7 +232,7 @@ def _prefetch(m: _Model, order: list[int], share: float) -> list[int]:
     n = len(order)
     if not n:
         return order
-    live = _live_bytes(m, order)
+    live = live_bytes(m, order)
     cap = int(live.max() * share)
     pos = np.empty(n, dtype=np.int64)
     pos[np.asarray(order, dtype=np.int64)] = np.arange(n)
@@ -252,27 +253,27 @@ def _prefetch(m: _Model, order: list[int], share: float) -> list[int]:
     return [i for *_, i in keyed]
 
 
-# Headroom shares `_prefetched` tries, largest first; 0 keeps the order as it is.
-_PREFETCH_SHARES = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.0)
+# Headroom shares `prefetched` tries, largest first; 0 keeps the order as it is.
+PREFETCH_SHARES = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.0)
 # Prefetch is checked at a batch where the per-sample tensors hold this many times the fixed ones.
-_PREFETCH_DOMINANCE = 256
+PREFETCH_DOMINANCE = 256
 
 
-def _prefetched(g: Graph, order: list[int], pins_of: Any, executor: "_ExecutorModel") -> tuple[list[int], float]:
-    """`order` with its swap-ins moved into the headroom (`_prefetch`) as far as the executed peak allows.
+def prefetched(g: Graph, order: list[int], pins_of: Any, executor: "ExecutorModel") -> tuple[list[int], float]:
+    """`order` with its swap-ins moved into the headroom (`prefetch_order`) as far as the executed peak allows.
 
     TF's executor runs an unpinned reader of a moved swap-in as soon as its
     other inputs exist, earlier than the order put it, so the order's own
     liveness under-counts what prefetching costs. The largest share of
-    `_PREFETCH_SHARES` whose pins do not raise the peak of the orders TF's
-    executor models run (each of `_ExecutorModel.peaks`) is kept, judged at a batch
-    where activations dominate (`_PREFETCH_DOMINANCE`): the batches LMS is for.
+    `PREFETCH_SHARES` whose pins do not raise the peak of the orders TF's
+    executor models run (each of `ExecutorModel.peaks`) is kept, judged at a batch
+    where activations dominate (`PREFETCH_DOMINANCE`): the batches LMS is for.
     """
-    m = _model(g, scoring_batch(g, dominance=_PREFETCH_DOMINANCE))
+    m = buffer_model(g, scoring_batch(g, dominance=PREFETCH_DOMINANCE))
     big = executor.resized(m)
     limits = big.peaks(pins_of(order))
-    for share in _PREFETCH_SHARES[:-1]:
-        moved = _prefetch(m, order, share)
+    for share in PREFETCH_SHARES[:-1]:
+        moved = prefetch_order(m, order, share)
         if moved != order and all(p <= q for p, q in zip(big.peaks(pins_of(moved)), limits)):
             return moved, share
     return order, 0.0

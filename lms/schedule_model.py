@@ -1,9 +1,9 @@
 """The models `lms.schedule.schedule_ops` scores orders with: liveness, and TF's executor. No TensorFlow.
 
-- The liveness model (`_model`, `_peak`, `order_peak`): each output allocated
+- The liveness model (`buffer_model`, `live_peak`, `order_peak`): each output allocated
   when its op runs and freed after its last reader, views share their input's
   buffer, variables and inputs resident.
-- The executor model (`_ExecutorModel`): the orders TF's executor models
+- The executor model (`ExecutorModel`): the orders TF's executor models
   (`lms.sim.order.executed_order`, both kinds) run the graph in once pins are
   added, over the liveness model's op indexes, without building a graph per
   pin set.
@@ -24,7 +24,8 @@ import numpy as np
 from .graph import Graph, GraphError, Role, group_pairs
 from .plan import HOST_DEVICE
 
-__all__ = ["order_peak", "scoring_batch", "EXECUTOR_KINDS"]
+__all__ = ["BufferModel", "buffer_model", "live_bytes", "live_peak", "order_peak", "scoring_batch", "ExecutorModel",
+           "EXECUTOR_KINDS"]
 
 # Views and resident values: no new device memory (as in `lms.sim.compiled`).
 _ALIAS_TYPES = frozenset({"Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
@@ -36,7 +37,7 @@ _RESIDENT_TYPES = frozenset({"Const", "HostConst", "VarHandleOp", "ReadVariableO
 # ---- the liveness model ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class _Model:
+class BufferModel:
     """Buffers of a graph: which tensor is a view of which, sizes, readers (batch-specific sizes)."""
 
     names: tuple[str, ...]
@@ -51,12 +52,12 @@ class _Model:
     roles: tuple[Role, ...]
     types: tuple[str, ...]
     buf_owner: np.ndarray      # op that allocates each buffer
-    read_ops: np.ndarray       # every buffer's readers, buffer after buffer (`_peak`)
+    read_ops: np.ndarray       # every buffer's readers, buffer after buffer (`live_peak`)
     read_starts: np.ndarray    # where each buffer's readers start in `read_ops`, for buffers with readers
     has_readers: np.ndarray    # bool per buffer
 
 
-def _model(g: Graph, batch: int) -> _Model:
+def buffer_model(g: Graph, batch: int) -> BufferModel:
     names = tuple(g.ops)
     index = {n: i for i, n in enumerate(names)}
     buf_of: dict[str, int] = {}
@@ -94,7 +95,7 @@ def _model(g: Graph, batch: int) -> _Model:
     buf_readers = tuple(readers.get(b, ()) for b in range(len(buf_size)))
     counts = np.asarray([len(r) for r in buf_readers], dtype=np.int64)
     starts = np.concatenate(([0], np.cumsum(counts)[:-1])) if len(counts) else counts
-    return _Model(names=names, index=index, preds=preds, succs=succs, alloc=alloc, reads=tuple(reads),
+    return BufferModel(names=names, index=index, preds=preds, succs=succs, alloc=alloc, reads=tuple(reads),
                   owns=tuple(owns), buf_size=sizes, buf_readers=buf_readers,
                   roles=tuple(g.ops[n].role for n in names), types=tuple(g.ops[n].type for n in names),
                   buf_owner=np.asarray(buf_owner, dtype=np.int64),
@@ -102,12 +103,12 @@ def _model(g: Graph, batch: int) -> _Model:
                   read_starts=starts[counts > 0], has_readers=counts > 0)
 
 
-def _peak(m: _Model, order: list[int]) -> int:
+def live_peak(m: BufferModel, order: list[int]) -> int:
     """Peak live bytes of `order` (positions of op indices) under the liveness model."""
-    return int(_live_bytes(m, order).max()) if order else 0
+    return int(live_bytes(m, order).max()) if order else 0
 
 
-def _live_bytes(m: _Model, order: list[int]) -> np.ndarray:
+def live_bytes(m: BufferModel, order: list[int]) -> np.ndarray:
     """Live bytes at each position of `order` (positions of op indices) under the liveness model.
 
     Each buffer is live from its owner's position to its last reader's (its
@@ -130,8 +131,8 @@ def _live_bytes(m: _Model, order: list[int]) -> np.ndarray:
 
 def order_peak(graph: Graph, order: Iterable[str], *, batch: int | None = None) -> int:
     """Peak live bytes of `order` over `graph` under the schedule's liveness model (no temporaries)."""
-    m = _model(graph, graph.batch_size if batch is None else batch)
-    return _peak(m, [m.index[n] for n in order])
+    m = buffer_model(graph, graph.batch_size if batch is None else batch)
+    return live_peak(m, [m.index[n] for n in order])
 
 
 # ---- the batch orders are scored at -----------------------------------------------------------
@@ -161,8 +162,8 @@ def scoring_batch(graph: Graph, *, dominance: int = _PER_SAMPLE_DOMINANCE) -> in
 EXECUTOR_KINDS = ("executor", "single_threaded")
 
 
-class _ExecutorModel:
-    """`lms.sim.order.executed_order`'s two models over `_Model`'s op indexes, for one graph and many pin sets.
+class ExecutorModel:
+    """`lms.sim.order.executed_order`'s two models over `BufferModel`'s op indexes, for one graph and many pin sets.
 
     Same orders as ``executed_order(pin_graph(g, pins), kind)`` for ``"executor"``
     (no op expensive: each root's task runs its ops FIFO) and
@@ -171,7 +172,7 @@ class _ExecutorModel:
     (index) order as `Graph.successors` keeps them.
     """
 
-    def __init__(self, g: Graph, m: _Model) -> None:
+    def __init__(self, g: Graph, m: BufferModel) -> None:
         from .sim.order import root_rank
 
         self.m = m
@@ -180,7 +181,7 @@ class _ExecutorModel:
         self.roots = [i for i in range(len(m.names)) if not m.preds[i]]  # pins end on ops with inputs
         self.ranked_roots = sorted(self.roots, key=lambda i: root_rank(g, m.names[i]))
 
-    def resized(self, m: _Model) -> "_ExecutorModel":
+    def resized(self, m: BufferModel) -> "ExecutorModel":
         """The same graph's executor models over `m` (the graph's buffers sized at another batch)."""
         other = copy.copy(self)
         other.m = m
@@ -239,7 +240,7 @@ class _ExecutorModel:
     def peaks(self, pins: tuple[tuple[str, str], ...]) -> tuple[int, int]:
         """The peaks of the ``"executor"`` and ``"single_threaded"`` orders of the graph with `pins` added."""
         executor, single = self.orders(pins)
-        return _peak(self.m, executor), _peak(self.m, single)
+        return live_peak(self.m, executor), live_peak(self.m, single)
 
     def peak(self, pins: tuple[tuple[str, str], ...]) -> int:
         """The peak of the orders TF's executor models run the graph in with `pins` added (the larger of the two)."""

@@ -189,14 +189,14 @@ def early_broadcast():
 
 
 def test_sink_runs_an_op_that_only_adds_memory_just_before_its_reader():
-    from lms.schedule import _model, _sink
+    from lms.schedule import buffer_model, sink
 
     graph = early_broadcast()
-    m = _model(graph, 8)
+    m = buffer_model(graph, 8)
     early = [m.index[n] for n in ("x", "f", "loss", "gradient_tape/Fill", "gradient_tape/mean",
                                   "gradient_tape/BroadcastTo", "gradient_tape/c0", "gradient_tape/c1",
                                   "gradient_tape/c2", "gradient_tape/c3", "gradient_tape/AddN")]
-    sunk = [m.names[i] for i in _sink(m, early)]
+    sunk = [m.names[i] for i in sink(m, early)]
     # the BroadcastTo (and nothing that frees memory) moved to just before its reader
     assert sunk == ["x", "f", "loss", "gradient_tape/Fill", "gradient_tape/mean", "gradient_tape/c0",
                     "gradient_tape/c1", "gradient_tape/c2", "gradient_tape/c3", "gradient_tape/BroadcastTo",
@@ -426,11 +426,12 @@ def test_prefetch_moves_swap_ins_earlier_without_raising_the_peak_and_cuts_stall
 
 @pytest.mark.parametrize("make", GRAPHS + [pytest.param(two_branches, id="two_branches")])
 def test_prefetch_never_raises_the_peak_of_the_orders_tf_runs(make):
-    from lms.schedule import _PREFETCH_DOMINANCE, scoring_batch  # the batch the pass checks at
+    from lms.schedule_candidates import PREFETCH_DOMINANCE
+    from lms.schedule import scoring_batch  # the batch the pass checks at
     graph = make()
     plans = [plan_swaps(graph, LMSConfig(n_tensors=-1, lb=2, schedule="memory", prefetch=p))
              for p in ("lb", "headroom")]
-    batch = scoring_batch(graph, dominance=_PREFETCH_DOMINANCE)
+    batch = scoring_batch(graph, dominance=PREFETCH_DOMINANCE)
     peaks = []
     for plan in plans:
         sched = schedule_ops(graph, plan)  # validated: topological, pins only where allowed

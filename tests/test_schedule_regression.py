@@ -96,16 +96,16 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize("graph", list(GRAPHS))
 def test_index_executor_model_runs_the_orders_of_executed_order(graph):
-    """`_ExecutorModel` (op indexes, pins merged in) and `executed_order` over `pin_graph` agree, op for op."""
-    from lms.schedule import _ExecutorModel, _model, pin_graph
+    """`ExecutorModel` (op indexes, pins merged in) and `executed_order` over `pin_graph` agree, op for op."""
+    from lms.schedule import ExecutorModel, buffer_model, pin_graph
     from lms.sim.order import executed_order
 
     g = GRAPHS[graph]()
     plan = plan_swaps(g, LMSConfig(n_tensors=-1, lb=1, schedule="memory"))
     sched = schedule_ops(g, plan)
     rewritten = rewrite_graph(g, plan) if plan.rewrites else g
-    m = _model(rewritten, 4)
-    executor = _ExecutorModel(rewritten, m)
+    m = buffer_model(rewritten, 4)
+    executor = ExecutorModel(rewritten, m)
     for pins in ((), sched.pins, sched.pins[::2]):
         pinned = pin_graph(rewritten, pins)
         expected = tuple(executed_order(pinned, kind) for kind in ("executor", "single_threaded"))
