@@ -280,8 +280,11 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
             ``SINGLE_THREADED_EXECUTOR`` for every tf.function the step calls,
             warm-up included (a function is instantiated for an executor on its
             first call under it). It runs the ops in one order, fixed when
-            the function is instantiated, so the peak repeats from step to
-            step (the default executor's order depends on timing: peaks of one
+            the function is instantiated, so every step makes the same
+            allocations and the peak repeats, or alternates between two
+            values from step to step (the BFC allocator's free chunks cycling
+            between two layouts; seen in about one process in five)
+            (the default executor's order depends on timing: peaks of one
             emulated-swap step spread by up to ~50% across processes). Across
             processes the order can still differ for some graphs (TF keeps
             some edges in hash sets). `lms.simulate` models it with

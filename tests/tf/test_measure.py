@@ -180,13 +180,16 @@ def test_batches_sequence_iterator_and_single_tensor() -> None:
     assert seen == [7, 7] and m.batch_size == 5
 
 
-def test_single_threaded_executor_repeats_the_same_peak_every_step() -> None:
-    # TF's single-threaded executor runs the ops in one fixed order: every step peaks at the same
-    # bytes, give or take a few 256-byte blocks (scalars such as the previous step's loss): seen
-    # 0.25-1.75 KiB against 4 MiB of activations
+def test_single_threaded_executor_repeats_the_same_peak_every_other_step() -> None:
+    # TF's single-threaded executor runs the ops in one fixed order, so every step makes the same
+    # allocations; the BFC allocator's peak (whole chunks) then repeats, give or take a few 256-byte
+    # blocks (scalars such as the previous step's loss) -- but in about one process in five it
+    # alternates between two values from step to step (seen: 15.1 / 16.2 MiB, 9.37 / 9.44 MiB),
+    # the allocator's free chunks cycling between two layouts. So: equal every other step.
     step = train_step_for(small_cnn())
-    m = measure_step(step, batch_of(8), warmup=1, steps=4, executor="single_threaded")
-    assert max(m.step_peaks_bytes) - min(m.step_peaks_bytes) <= 16 * KIB, m.step_peaks_bytes
+    m = measure_step(step, batch_of(8), warmup=1, steps=6, executor="single_threaded")
+    peaks = m.step_peaks_bytes
+    assert all(abs(a - b) <= 16 * KIB for a, b in zip(peaks, peaks[2:])), peaks
     assert m.peak_device_bytes > m.baseline_device_bytes + 4 * MIB  # activations of batch 8 counted
 
 
