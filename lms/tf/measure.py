@@ -281,9 +281,9 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
             warm-up included (a function is instantiated for an executor on its
             first call under it). It runs the ops in one order, fixed when
             the function is instantiated, so every step makes the same
-            allocations and the peak repeats, or alternates between two
-            values from step to step (the BFC allocator's free chunks cycling
-            between two layouts; seen in about one process in five)
+            allocations and the peak repeats, up to the BFC allocator's
+            chunks (in about one process in five a step peaks a chunk
+            higher, or the peak alternates between two values)
             (the default executor's order depends on timing: peaks of one
             emulated-swap step spread by up to ~50% across processes). Across
             processes the order can still differ for some graphs (TF keeps

@@ -180,16 +180,19 @@ def test_batches_sequence_iterator_and_single_tensor() -> None:
     assert seen == [7, 7] and m.batch_size == 5
 
 
-def test_single_threaded_executor_repeats_the_same_peak_every_other_step() -> None:
+def test_single_threaded_executor_repeats_its_peak_up_to_the_allocators_chunks() -> None:
     # TF's single-threaded executor runs the ops in one fixed order, so every step makes the same
-    # allocations; the BFC allocator's peak (whole chunks) then repeats, give or take a few 256-byte
-    # blocks (scalars such as the previous step's loss) -- but in about one process in five it
-    # alternates between two values from step to step (seen: 15.1 / 16.2 MiB, 9.37 / 9.44 MiB),
-    # the allocator's free chunks cycling between two layouts. So: equal every other step.
+    # allocations, and most steps peak at the same bytes give or take a few 256-byte blocks (scalars
+    # such as the previous step's loss). The BFC allocator's peak counts whole chunks, though, and a
+    # request can get a larger free chunk depending on where earlier steps left their buffers: in
+    # about one process in five (and more often inside this test suite) a step peaks ~1 MiB higher,
+    # or the peak alternates between two values (seen: 14.02 / 15.07 MiB once, 15.1 / 16.2 MiB
+    # alternating, 9.37 / 9.44 MiB alternating).
     step = train_step_for(small_cnn())
     m = measure_step(step, batch_of(8), warmup=1, steps=6, executor="single_threaded")
-    peaks = m.step_peaks_bytes
-    assert all(abs(a - b) <= 16 * KIB for a, b in zip(peaks, peaks[2:])), peaks
+    peaks = sorted(m.step_peaks_bytes)
+    assert peaks[1] - peaks[0] <= 16 * KIB, m.step_peaks_bytes  # the lowest peak repeats
+    assert peaks[-1] <= 1.1 * peaks[0], m.step_peaks_bytes  # and no step is more than a chunk above it
     assert m.peak_device_bytes > m.baseline_device_bytes + 4 * MIB  # activations of batch 8 counted
 
 
