@@ -1,4 +1,4 @@
-"""Op-type facts the planners share: which ops are cheap to recompute, which never. No TensorFlow.
+"""Op-type facts the planners and models share: views, resident values, what is cheap to recompute. No TensorFlow.
 
 Kept in a module of its own (imports nothing) so that `lms.config` can
 validate ``LMSConfig.recompute`` with the same sets the recompute planner uses.
@@ -6,7 +6,16 @@ validate ``LMSConfig.recompute`` with the same sets the recompute planner uses.
 
 from __future__ import annotations
 
-__all__ = ["RECOMPUTABLE_TYPES", "RANDOM_TYPES", "STATEFUL_TYPES", "never_recomputed"]
+__all__ = ["VIEW_TYPES", "RESIDENT_TYPES", "INPUT_TYPES", "RECOMPUTABLE_TYPES", "RANDOM_TYPES", "STATEFUL_TYPES",
+           "never_recomputed"]
+
+# Output i is a view of input 0 (or of input i for IdentityN): no new memory.
+VIEW_TYPES = frozenset({"Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
+                        "PreventGradient", "EnsureShape", "CheckNumerics", "CheckNumericsV2", "Bitcast"})
+# Persistent memory: constants and variables (a variable read is a view of the variable).
+RESIDENT_TYPES = frozenset({"Const", "HostConst", "VarHandleOp", "ReadVariableOp", "VariableV2", "Variable"})
+# The step's inputs: held by the caller for the whole step.
+INPUT_TYPES = frozenset({"Placeholder", "PlaceholderWithDefault", "_Arg"})
 
 # Cheap, deterministic, memory-bound ops: recomputing one costs a pass over its
 # tensors (on a GPU ~1 ms per GiB; the host link takes ~100 ms per GiB each way).

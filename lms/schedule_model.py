@@ -22,16 +22,14 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from .graph import Graph, GraphError, Role, group_pairs
+from .optypes import INPUT_TYPES, RESIDENT_TYPES, VIEW_TYPES
 from .plan import HOST_DEVICE
 
 __all__ = ["BufferModel", "buffer_model", "live_bytes", "live_peak", "order_peak", "scoring_batch", "ExecutorModel",
            "EXECUTOR_KINDS"]
 
-# Views and resident values: no new device memory (as in `lms.sim.compiled`).
-_ALIAS_TYPES = frozenset({"Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
-                          "PreventGradient", "EnsureShape", "CheckNumerics", "CheckNumericsV2", "Bitcast"})
-_RESIDENT_TYPES = frozenset({"Const", "HostConst", "VarHandleOp", "ReadVariableOp", "VariableV2", "Variable",
-                             "Placeholder", "PlaceholderWithDefault", "_Arg"})
+# Resident values (constants, variables, the step's inputs): no new device memory (as in `lms.sim.compiled`).
+_RESIDENT_TYPES = RESIDENT_TYPES | INPUT_TYPES
 
 
 # ---- the liveness model ------------------------------------------------------------------------
@@ -68,7 +66,7 @@ def buffer_model(g: Graph, batch: int) -> BufferModel:
         op = g.ops[name]
         i = index[name]
         for k, t in enumerate(op.outputs):
-            if op.type in _ALIAS_TYPES and op.inputs:
+            if op.type in VIEW_TYPES and op.inputs:
                 src = op.inputs[k if op.type == "IdentityN" and k < len(op.inputs) else 0]
                 buf_of[t] = buf_of.get(src, -1)
                 continue

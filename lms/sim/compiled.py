@@ -34,6 +34,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..graph import Graph, Role
+from ..optypes import INPUT_TYPES, RESIDENT_TYPES, VIEW_TYPES
 from ..plan import HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
 from .costs import ZERO_COST_TYPES, TemporaryModel, op_bytes, op_flops, op_temporary
 from .order import bypass_identities, executed_order
@@ -44,14 +45,7 @@ __all__ = ["CompiledGraph", "compile_graph", "ALIAS_TYPES",
 
 log = logging.getLogger(__name__)
 
-# Output i is a view of input 0 (or of input i for IdentityN): no new memory.
-ALIAS_TYPES = frozenset({"Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
-                         "PreventGradient", "EnsureShape", "CheckNumerics", "CheckNumericsV2", "Bitcast"})
-# Persistent memory: constants and variables (a variable read is a view of the variable).
-RESIDENT_TYPES = frozenset({"Const", "HostConst", "VarHandleOp", "ReadVariableOp", "VariableV2",
-                            "Variable"})
-# Held by the caller for the whole step.
-INPUT_TYPES = frozenset({"Placeholder", "PlaceholderWithDefault", "_Arg"})
+ALIAS_TYPES = VIEW_TYPES  # views: no new memory (`lms.optypes`)
 
 _UNARY = ("Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Sigmoid", "Tanh", "Exp", "Log", "Log1p",
           "Neg", "Sqrt", "Rsqrt", "Square", "Reciprocal", "Inv", "Abs", "Sign", "Floor", "Ceil",

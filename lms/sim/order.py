@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 
 from ..graph import Graph, Op
+from ..optypes import INPUT_TYPES, VIEW_TYPES
 from .costs import ZERO_COST_TYPES
 
 __all__ = ["executed_order", "bypass_identities", "root_rank", "ORDERS", "BYPASSED_TYPES"]
@@ -12,9 +13,6 @@ __all__ = ["executed_order", "bypass_identities", "root_rank", "ORDERS", "BYPASS
 ORDERS = ("executor", "single_threaded", "fifo", "creation")
 
 # The step's inputs (data and captured variable handles).
-_INPUT_TYPES = frozenset({"Placeholder", "PlaceholderWithDefault", "_Arg"})
-_VIEW_TYPES = frozenset({"Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
-                         "PreventGradient", "EnsureShape", "CheckNumerics", "CheckNumericsV2", "Bitcast"})
 
 
 def executed_order(graph: Graph, kind: str = "executor", *,
@@ -158,7 +156,7 @@ def root_rank(graph: Graph, name: str) -> int:
     step's inputs. The sort is stable: creation order within each group.
     """
     op = graph.ops[name]
-    if op.type not in _INPUT_TYPES:
+    if op.type not in INPUT_TYPES:
         return 1
     return 0 if all(graph.tensors[t].dtype == "resource" for t in op.outputs) else 2
 
@@ -170,7 +168,7 @@ def _expensive_ops(graph: Graph, threshold: int | None) -> frozenset[str]:
     batch = graph.batch_size
     out = set()
     for op in graph.ops.values():
-        if op.type in ZERO_COST_TYPES or op.type in _VIEW_TYPES:
+        if op.type in ZERO_COST_TYPES or op.type in VIEW_TYPES:
             continue
         touched = sum(graph.tensors[t].nbytes(batch) for t in (*dict.fromkeys(op.inputs), *op.outputs))
         if touched > threshold:
