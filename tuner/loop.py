@@ -114,11 +114,7 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[Any, Any], Tria
             # Other processes may share the study (journal / database storage): count what is there now.
             if recover_stale_trials(study):  # a worker process on this host (or, by heartbeat, anywhere) died
                 known.update({k: v for k, v in _known_records(study, space).items() if k not in known})
-            trials = study.get_trials(deepcopy=False)
-            done = sum(1 for t in trials if counted(t))
-            # other threads / processes; a trial with no owner yet was only just asked for, or its
-            # process died between ask() and claiming it: it must not hold a slot (see `tuner.recovery.ORPHAN_AFTER_S`)
-            running = sum(1 for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("owner"))
+            done, running = _slots(study.get_trials(deepcopy=False))
             known.update({k: v for k, v in _known_records(study, space).items() if k not in known})
             if done + running >= n_trials or (stop is not None and stop.is_set()):
                 why("stop" if stop is not None and stop.is_set() else "trials" if done >= n_trials else "others")
@@ -142,9 +138,7 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[Any, Any], Tria
                     warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")  # ours runs in _heartbeat
                 # count again under the lock: another worker may have taken the last slot since the check above
-                trials = study.get_trials(deepcopy=False)
-                full = sum(1 for t in trials if counted(t) or t.state == TrialState.RUNNING
-                           and t.user_attrs.get("owner")) >= n_trials
+                full = sum(_slots(study.get_trials(deepcopy=False))) >= n_trials
                 if not full:
                     trial = study.ask()
                     trial.set_user_attr("owner", owner())
@@ -229,6 +223,19 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[Any, Any], Tria
         if own_progress:
             progress.close()
     return ran
+
+
+def _slots(trials: list[Any]) -> tuple[int, int]:
+    """(trials that count toward ``--trials``, trials running in a worker that claimed them).
+
+    Running: other threads / processes; a trial with no owner yet was only just
+    asked for, or its process died between ask() and claiming it: it must not
+    hold a slot (see `tuner.recovery.ORPHAN_AFTER_S`).
+    """
+    from optuna.trial import TrialState
+
+    return (sum(1 for t in trials if counted(t)),
+            sum(1 for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("owner")))
 
 
 def _running_same_config(study: Any, space: SearchSpace, trial: Any, key: str) -> int | None:
