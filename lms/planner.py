@@ -194,7 +194,7 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
     candidates, skipped = find_candidates(graph, config)
     swaps: dict[str, Swap] = {}
     limit = len(candidates) if config.n_tensors < 0 else config.n_tensors
-    after_losses: frozenset[str] | None = None
+    losses: list[str] | None = None
     for t in candidates:
         if len(swaps) >= limit:
             skipped.append(Skip(t, f"beyond n_tensors={config.n_tensors}"))
@@ -209,9 +209,9 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
             trigger, distance, how = _find_trigger(graph, config, t, group[0], role=Role.BACKWARD, avoid=avoid)
             if trigger is None:
                 if config.schedule == "memory":
-                    if after_losses is None:
-                        after_losses = _after_losses(graph)
-                    if _early(graph, group, after_losses) and _is_float(graph.tensors[t].dtype):
+                    if losses is None:
+                        losses = _losses(graph)
+                    if _early(graph, group, losses) and _is_float(graph.tensors[t].dtype):
                         early += group
                 continue  # else these readers keep reading the device copy
             name = swap_op_name("swap_in", t, len(swap_ins))
@@ -243,22 +243,13 @@ def _is_float(dtype: str | None) -> bool:
     return bool(dtype) and ("float" in dtype or dtype in ("half", "bfloat16", "double"))
 
 
-def _after_losses(graph: Graph) -> frozenset[str]:
-    """Ops that depend on a forward op no forward op reads (a loss, an output)."""
-    forward = {n for n, op in graph.ops.items() if op.role is Role.FORWARD}
-    sinks = [n for n in forward if not any(graph.ops[c].role is Role.FORWARD for t in graph.ops[n].outputs
-                                            for c in graph.consumers(t))]
-    seen: set[str] = set()
-    stack = list(sinks)
-    while stack:
-        for s in graph.successors[stack.pop()]:
-            if s not in seen:
-                seen.add(s)
-                stack.append(s)
-    return frozenset(seen)
+def _losses(graph: Graph) -> list[str]:
+    """Forward ops no forward op reads (a loss, an output)."""
+    return [n for n in graph.by_role(Role.FORWARD)
+            if not any(graph.ops[c].role is Role.FORWARD for t in graph.ops[n].outputs for c in graph.consumers(t))]
 
 
-def _early(graph: Graph, readers: list[str], after_losses: frozenset[str]) -> bool:
+def _early(graph: Graph, readers: list[str], losses: list[str]) -> bool:
     """True when backward `readers` may run while the forward pass runs: no deeper than `Graph.forward_end`
     and not downstream of a loss.
 
@@ -274,7 +265,7 @@ def _early(graph: Graph, readers: list[str], after_losses: frozenset[str]) -> bo
     """
     end = graph.forward_end
     return (end is not None and all(graph.levels[r] <= graph.levels[end] for r in readers)
-            and not any(r in after_losses for r in readers))
+            and not any(graph.is_ancestor(loss, r) for loss in losses for r in readers))
 
 
 def _untriggered(plan: SwapPlan) -> SwapPlan:
