@@ -211,7 +211,7 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
                 if config.schedule == "memory":
                     if losses is None:
                         losses = _losses(graph)
-                    if _early(graph, group, losses) and _is_float(graph.tensors[t].dtype):
+                    if _early(graph, t, group, losses) and _is_float(graph.tensors[t].dtype):
                         early += group
                 continue  # else these readers keep reading the device copy
             name = swap_op_name("swap_in", t, len(swap_ins))
@@ -249,9 +249,15 @@ def _losses(graph: Graph) -> list[str]:
             if not any(graph.ops[c].role is Role.FORWARD for t in graph.ops[n].outputs for c in graph.consumers(t))]
 
 
-def _early(graph: Graph, readers: list[str], losses: list[str]) -> bool:
-    """True when backward `readers` may run while the forward pass runs: no deeper than `Graph.forward_end`
-    and not downstream of a loss.
+# An early reader's tensor must come at least this many levels before the forward end: the loss's own
+# first gradient ops (its `SparseSoftmaxCrossEntropyWithLogits:1`, 1-3 levels before the end in the
+# tiny zoo) read tensors the backward pass needs at once anyway; GPT-2's GELU inputs lie 46+ levels before.
+_EARLY_MIN_LEVELS = 8
+
+
+def _early(graph: Graph, tensor: str, readers: list[str], losses: list[str]) -> bool:
+    """True when backward `readers` of `tensor` may run while the forward pass runs: no deeper than
+    `Graph.forward_end`, not downstream of a loss, and `tensor` made `_EARLY_MIN_LEVELS` before the end.
 
     Such readers (a tanh-GELU gradient's ``Pow(x, 2)`` reads only the forward
     ``x``) have no backward op ``lb`` levels before them to trigger a swap-in,
@@ -265,6 +271,7 @@ def _early(graph: Graph, readers: list[str], losses: list[str]) -> bool:
     """
     end = graph.forward_end
     return (end is not None and all(graph.levels[r] <= graph.levels[end] for r in readers)
+            and graph.levels[end] - graph.levels[graph.producer(tensor).name] >= _EARLY_MIN_LEVELS
             and not any(graph.is_ancestor(loss, r) for loss in losses for r in readers))
 
 

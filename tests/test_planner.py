@@ -303,7 +303,7 @@ def test_swap_in_names_sort_among_other_inputs_where_the_tensor_did(tensor, prod
 # ---- early backward readers and views (schedule="memory") -------------------------------------------
 
 def gelu_like(*, source_read_by_backward: bool = False):
-    """x -> a (MatMul) -> g (Tanh) -> t (Transpose) -> v (Reshape) -> y (MatMul) -> loss, and a backward pass where
+    """x -> a (MatMul) -> g (Tanh) -> 8 Relus -> t (Transpose) -> v (Reshape) -> y (MatMul) -> loss; backward:
 
     ``gradient_tape/g/Pow`` reads only the forward ``a`` (a tanh-GELU gradient's ``Pow(a, 2)``: it may run
     during the forward pass) and ``y``'s gradient reads the view ``v`` of the transpose ``t``.
@@ -313,7 +313,10 @@ def gelu_like(*, source_read_by_backward: bool = False):
     b.op("w", "ReadVariableOp", shape=(4, 4), fixed_bytes=64)
     b.op("a", "MatMul", "x:0", "w:0", per_sample_bytes=MiB)
     b.op("g", "Tanh", "a:0", per_sample_bytes=MiB)
-    b.op("t", "Transpose", "g:0", per_sample_bytes=MiB)
+    h = "g:0"
+    for i in range(8):  # a forward pass long enough after `a` for its early reader to be worth a swap-in
+        h = b.op(f"h{i}", "Relu", h, per_sample_bytes=MiB)
+    b.op("t", "Transpose", h, per_sample_bytes=MiB)
     b.op("v", "Reshape", "t:0", per_sample_bytes=MiB)
     b.op("y", "MatMul", "v:0", "w:0", per_sample_bytes=MiB)
     b.op("loss", "Sum", "y:0", shape=(), fixed_bytes=4)
@@ -328,6 +331,9 @@ def gelu_like(*, source_read_by_backward: bool = False):
     if source_read_by_backward:
         dt = b.op("gradient_tape/t/Mul", "Mul", dt, "t:0", grad_of="t", per_sample_bytes=MiB, **bw)
     b.op("gradient_tape/g/Pow", "Pow", "a:0", grad_of="g", per_sample_bytes=MiB, **bw)
+    # an early reader right before the loss (as the loss's own gradient reads its logits): not worth a swap-in
+    b.op("gradient_tape/y/Square", "Square", "y:0", grad_of="y", per_sample_bytes=MiB, **bw)
+    dt = b.op("gradient_tape/y/Mul", "Mul", dt, "gradient_tape/y/Square:0", grad_of="y", per_sample_bytes=MiB, **bw)
     b.op("gradient_tape/g/Mul", "Mul", dt, "gradient_tape/g/Pow:0", grad_of="g", per_sample_bytes=MiB, **bw)
     b.op("gradient_tape/a/MatMul_1", "MatMul", "x:0", "gradient_tape/g/Mul:0", grad_of="a", fixed_bytes=64, **bw)
     return b.build()
@@ -345,6 +351,7 @@ def test_an_early_backward_reader_gets_a_swap_in_only_under_a_memory_schedule():
     assert len(early) == 1 and early[0].trigger is None and early[0].strategy.startswith("early reader")
     rewritten = plan.validate(g)
     assert rewritten.ops["gradient_tape/g/Pow"].inputs == (f"{early[0].name}:0",)
+    assert rewritten.ops["gradient_tape/y/Square"].inputs == ("y:0",)  # one level before the loss: kept
     # the schedule runs that swap-in, and so the reader, after the forward pass
     from lms.schedule import schedule_ops
     order = schedule_ops(g, plan).order
