@@ -257,7 +257,8 @@ _EARLY_MIN_LEVELS = 8
 
 def _early(graph: Graph, tensor: str, readers: list[str], losses: list[str]) -> bool:
     """True when backward `readers` of `tensor` may run while the forward pass runs: no deeper than
-    `Graph.forward_end`, not downstream of a loss, and `tensor` made `_EARLY_MIN_LEVELS` before the end.
+    `Graph.forward_end`, not downstream of a loss, reading no per-sample backward tensor (no gradient;
+    constants and shapes only), and `tensor` made `_EARLY_MIN_LEVELS` before the end.
 
     Such readers (a tanh-GELU gradient's ``Pow(x, 2)`` reads only the forward
     ``x``) have no backward op ``lb`` levels before them to trigger a swap-in,
@@ -272,6 +273,8 @@ def _early(graph: Graph, tensor: str, readers: list[str], losses: list[str]) -> 
     end = graph.forward_end
     return (end is not None and all(graph.levels[r] <= graph.levels[end] for r in readers)
             and graph.levels[end] - graph.levels[graph.producer(tensor).name] >= _EARLY_MIN_LEVELS
+            and not any(graph.ops[graph.producer(t).name].role is Role.BACKWARD and graph.tensors[t].per_sample_bytes
+                        for r in readers for t in graph.ops[r].inputs)  # reads no gradient, only constants
             and not any(graph.is_ancestor(loss, r) for loss in losses for r in readers))
 
 
