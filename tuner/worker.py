@@ -74,8 +74,12 @@ def worker_env(*, gpu: str | None = None) -> dict[str, str]:
     """Environment for a worker: the GPU `gpu` with memory growth, or none (CPU: trace, describe, emulate).
 
     The CPU allocator is always BFC (``TF_CPU_ALLOCATOR_USE_BFC=true``), so
-    TF's own peak is exact on CPU. The worker imports this checkout's packages
-    even when started from elsewhere.
+    TF's own peak is exact on CPU. On the CPU (trace, describe, emulate) oneDNN
+    is on unless the caller set ``TF_ENABLE_ONEDNN_OPTS``: TensorFlow enables it by
+    default only on CPUs with AVX-512 VNNI/BF16 or AMX, and the emulated device
+    must not measure other kernels (and other memory: Eigen's
+    ``Conv2DBackpropFilter`` takes a 32 MiB buffer at any batch) on another CPU.
+    The worker imports this checkout's packages even when started from elsewhere.
     """
     env = dict(os.environ)
     env["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
@@ -86,6 +90,7 @@ def worker_env(*, gpu: str | None = None) -> dict[str, str]:
         env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
     else:
         env["CUDA_VISIBLE_DEVICES"] = ""  # trace / emulate on the CPU, never grab a GPU
+        env.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
@@ -136,7 +141,7 @@ def run_worker(request: Request, *, workdir: Path, timeout_s: float | None = Non
             raise
         finally:
             os.close(watch_r)
-        if isinstance(request, MeasureRequest) and injected_fault(request.trial) == "die":
+        if isinstance(request, MeasureRequest) and injected_fault(request.trial, confirm=request.confirm) == "die":
             _wait_for_file(events_path, 30)  # test-only: the whole search process dies mid-trial
             os.kill(os.getpid(), signal.SIGKILL)
         try:

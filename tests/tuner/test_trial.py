@@ -25,6 +25,15 @@ def test_worker_env_per_backend() -> None:
     assert emulated["CUDA_VISIBLE_DEVICES"] == "" and emulated["TF_CPU_ALLOCATOR_USE_BFC"] == "true"
 
 
+def test_cpu_workers_run_onednn_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TF turns oneDNN on by default only on AVX-512 VNNI/BF16 or AMX CPUs: the emulated device says which."""
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    assert worker_env()["TF_ENABLE_ONEDNN_OPTS"] == "1"
+    assert "TF_ENABLE_ONEDNN_OPTS" not in worker_env(gpu="0")  # a GPU job keeps TensorFlow's default
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    assert worker_env()["TF_ENABLE_ONEDNN_OPTS"] == "0"
+
+
 def test_timeout_kills_the_worker(tmp_path: Path) -> None:
     start = time.monotonic()
     out = run_worker(TraceRequest(workload="resnet50", output=str(tmp_path / "g.json")), workdir=tmp_path,
