@@ -56,15 +56,16 @@ def _budget(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= `minimum`."""
+def _int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer >= `minimum` (and <= `maximum` when given)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        if value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}" if maximum is None
+                                             else f"{value} must be between {minimum} and {maximum}")
         return value
 
     return parse
@@ -237,6 +238,11 @@ def _add_search(sub: Any) -> None:
     p.add_argument("--workers", type=_positive_int, default=1, metavar="N",
                    help="trial workers in parallel: gpu backend: one on each of GPUs 0..N-1 (same as --gpus); "
                         "emulated: N on the CPU, whose timings then interfere (default: %(default)s)")
+    p.add_argument("--confirm", type=_int_at_least(0, 10), default=2, metavar="N",
+                   help="gpu/emulated, largest-batch searches: measure the recommended config and the no-LMS "
+                        "baseline again in N more fresh processes and recommend the smallest largest batch "
+                        "(TensorFlow orders some ops differently in each process, so one config's peak varies); "
+                        "0: off (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print recommended.json to stdout instead of a summary")
     p.add_argument("--reports-dir", type=Path, default=Path("reports"), metavar="DIR",
                    help="where the HTML report is written at the end (default: reports/<study>/)")
@@ -388,7 +394,7 @@ def build_search_settings(args: argparse.Namespace) -> Any:
         trial_timeout_s=args.trial_timeout or 600.0, seed=args.seed, steps=args.steps, warmup=args.warmup,
         safety_margin=args.safety_margin, max_batch=args.max_batch, sampler=args.sampler, prefer=args.prefer,
         min_throughput_ratio=args.min_throughput_ratio, gpu=args.gpu, gpus=chosen.gpus, workers=chosen.workers,
-        batch=args.batch, grow=args.grow, workload=desc, notes=tuple(notes))
+        batch=args.batch, grow=args.grow, confirm=args.confirm, workload=desc, notes=tuple(notes))
     stored = _stored_settings(storage, study)
     from .settings import study_settings_conflict
 
@@ -570,8 +576,9 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 
 def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | None:
-    from .outputs import build_recommendation, select_recommendation
     from .backends import backend_named
+    from .confirm import CONFIRMATIONS_ATTR
+    from .outputs import build_recommendation, select_recommendation
     from .settings import SearchSettings
 
     spec, _, study = _open_existing(args)
@@ -591,7 +598,8 @@ def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | N
     return build_recommendation(study=args.study, chosen=chosen, front=front, trials=trials, settings=settings,
                                 budget_bytes=budget, budget_source=str(stored.get("budget_source", "")),
                                 usable_bytes=usable_bytes(budget, settings.safety_margin), environment={},
-                                notes=["computed from the study storage (recommended.json not written yet)"])
+                                notes=["computed from the study storage (recommended.json not written yet)"],
+                                confirmations=study.user_attrs.get(CONFIRMATIONS_ATTR))
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -13,16 +13,20 @@ __all__ = ["FAULT_ENV", "FAULT_KINDS", "injected_fault"]
 #: seconds), ``die`` SIGKILLs the *search process* (parent) while the worker runs (which then
 #: hangs, so a worker that outlived its parent would be seen), ``rofs`` fails to write its result
 #: as on a study folder turned read-only (a fault of the machine, not the config). ``*`` matches
-#: every trial without its own entry. Never set it outside tests.
+#: every trial without its own entry; ``N.K`` (e.g. ``smaller@3.1``) targets the K-th re-measurement of
+#: trial N in a fresh process (`tuner.confirm`), where ``smaller`` returns a synthetic fitting result at
+#: 3/4 of the batch asked for (as a process whose op order peaks higher would). Never set it outside tests.
 FAULT_ENV = "LMS_TUNER_FAULT"
-FAULT_KINDS = ("kill", "oom", "hang", "raise", "ok", "die", "rofs")
+FAULT_KINDS = ("kill", "oom", "hang", "raise", "ok", "die", "rofs", "smaller")
 
 
-def injected_fault(trial: int | None, spec: str | None = None) -> str | None:
-    """The fault kind `LMS_TUNER_FAULT` injects into measured trial number `trial` (None: none)."""
+def injected_fault(trial: int | None, spec: str | None = None, *, confirm: int = 0) -> str | None:
+    """The fault kind `LMS_TUNER_FAULT` injects into measured trial `trial` (its `confirm`-th re-measurement
+    when > 0); None: none."""
     spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
     if not spec or trial is None:
         return None
+    wanted = str(trial) if not confirm else f"{trial}.{confirm}"
     wildcard = None
     for item in spec.split(","):
         kind, _, target = item.strip().partition("@")
@@ -30,6 +34,6 @@ def injected_fault(trial: int | None, spec: str | None = None) -> str | None:
             continue
         if target == "*":
             wildcard = kind
-        elif target.isdigit() and int(target) == trial:
+        elif target == wanted:
             return kind
     return wildcard

@@ -31,6 +31,7 @@ from . import RECOMMENDATION_SCHEMA
 from . import RECOMMENDATION_VERSION as SCHEMA_VERSION
 from .backends import Backend, get_backend
 from .budget import format_bytes
+from .confirm import CONFIRMATIONS_ATTR, confirmed_figures
 from .knobs import KNOB_TABLE, KnobTable
 from .pareto import dominates
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RECOMMENDATION_SCHEMA", "SCHEMA_VERSION", "source_label", "feasible_trials", "pareto_front",
-    "select_recommendation", "throughput_peak_front", "build_recommendation", "trials_rows", "write_trials_csv", "write_outputs",
+    "select_recommendation", "baseline_trial", "throughput_peak_front", "build_recommendation", "trials_rows", "write_trials_csv", "write_outputs",
     "read_recommendation", "format_recommendation",
 ]
 
@@ -111,7 +112,8 @@ def throughput_peak_front(trials: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _baseline(trials: Iterable[Any]) -> Any | None:
+def baseline_trial(trials: Iterable[Any]) -> Any | None:
+    """The first completed no-LMS (``n_tensors=0``) trial, or None."""
     for t in sorted(trials, key=lambda t: t.number):
         cfg = t.user_attrs.get("config") or {}
         if cfg.get("n_tensors") == 0 and getattr(t.state, "name", "") == "COMPLETE":
@@ -128,8 +130,13 @@ def _figures(t: Any) -> dict[str, Any]:
 def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trials: Sequence[Any],
                          settings: "SearchSettings", budget_bytes: int, budget_source: str, usable_bytes: int,
                          environment: Mapping[str, Any], notes: Sequence[str] = (),
-                         predicted_only_reason: str = "") -> dict[str, Any]:
-    """The recommended.json document for `chosen` (a FrozenTrial with a trial record)."""
+                         predicted_only_reason: str = "",
+                         confirmations: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The recommended.json document for `chosen` (a FrozenTrial with a trial record).
+
+    Where `chosen` or the baseline was measured again in fresh processes (`confirmations`,
+    `tuner.confirm`), their figures are the smallest largest batch's, and ``confirmation`` lists all.
+    """
     a = chosen.user_attrs
     measured = bool(a.get("measured"))
     device_name = str(environment.get("device_name") or "")
@@ -179,9 +186,22 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
                 doc[key] = a[key]
     if predicted_only_reason:
         doc["notes"].append(predicted_only_reason)
-    base = _baseline(trials)
+    confirmed = confirmed_figures(chosen, confirmations)
+    if confirmed is not None:
+        doc.update({k: confirmed[k] for k in ("batch_size", "throughput", "peak_device_bytes")})
+        doc["tuned_for"] = {"batch_size": confirmed["batch_size"]}
+        if "step_time_s" in doc and confirmed["step_time_median_s"] is not None:
+            doc["step_time_s"] = {**doc["step_time_s"], "median": confirmed["step_time_median_s"],
+                                  "spread": a.get("step_time_spread_s") if confirmed["process"] == 0 else None}
+        doc["confirmation"] = {k: confirmed[k] for k in ("processes", "batch_sizes", "process", "runs",
+                                                         "unconfirmed", "rule")}
+    base = baseline_trial(trials)
     if base is not None and base.user_attrs.get("status") == "ok":
         b = _figures(base)
+        base_confirmed = confirmed_figures(base, confirmations)
+        if base_confirmed is not None:
+            b = {k: base_confirmed[k] for k in ("batch_size", "throughput", "peak_device_bytes")}
+            b["confirmation"] = {k: base_confirmed[k] for k in ("processes", "batch_sizes", "process", "unconfirmed")}
         doc["baseline"] = {**b, "source": source_label(settings.backend, measured=bool(base.user_attrs.get("measured")),
                                                         device=settings.device, device_name=device_name),
                            "trial": base.number}
@@ -231,6 +251,12 @@ def format_recommendation(doc: Mapping[str, Any]) -> str:
         f"  throughput   {doc['throughput']:<12.1f} samples/s, {doc['sources']['throughput']}",
         f"  peak memory  {format_bytes(doc.get('peak_device_bytes')):<12} {doc['sources']['peak_device_bytes']}",
     ]
+    conf = doc.get("confirmation")
+    if conf:
+        lines.append(f"  processes    largest batch {', '.join(str(b) for b in conf['batch_sizes'])} in "
+                     f"{conf['processes']} fresh processes: the figures above are the smallest's")
+        for miss in conf.get("unconfirmed") or ():
+            lines.append(f"    process {miss['process']}: {miss['status']} {miss.get('reason') or ''}".rstrip())
     pred = doc.get("predicted") or {}
     if doc.get("measured") and pred.get("batch_size") is not None:
         thr = pred.get("throughput")
@@ -333,7 +359,8 @@ def write_outputs(study_dir: Path, *, main: Any, screen: Any | None, settings: "
         return None, None, csv_path
     doc = build_recommendation(study=main.study_name, chosen=chosen, front=front, trials=trials, settings=settings,
                                budget_bytes=budget_bytes, budget_source=budget_source, usable_bytes=usable_bytes,
-                               environment=environment, notes=notes, predicted_only_reason=fallback)
+                               environment=environment, notes=notes, predicted_only_reason=fallback,
+                               confirmations=None if fallback else main.user_attrs.get(CONFIRMATIONS_ATTR))
     rec_path = atomic_write_text(study_dir / "recommended.json", json.dumps(doc, indent=2, default=str) + "\n")
     LMSConfig.load(rec_path)  # what a training script does: it must read back
     return doc, rec_path, csv_path

@@ -99,6 +99,8 @@ class MeasureRequest(_Message):
         resolution / max_probes: when the batch search stops.
         probe_warmup / probe_steps: steps per probe; warmup / steps: of the timed run.
         trial: the trial number (names the trial in events; test-only fault injection).
+        confirm: 0 for the trial's own measurement; k for its k-th re-measurement in a fresh process
+            (`tuner.confirm`).
         bandwidth: host link bandwidth for emulated swaps (bytes/s; None: the emulator's default).
     """
 
@@ -120,6 +122,7 @@ class MeasureRequest(_Message):
     probe_warmup: int = 2
     probe_steps: int = 2
     trial: int | None = None
+    confirm: int = 0
     bandwidth: float | None = None
 
 

@@ -183,6 +183,7 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
         try:
             ran, screened = backend.search(run)
         finally:
+            notes.extend(run.notes)
             trials = main.get_trials(deepcopy=False)
             completed = sum(1 for t in trials if counted(t))
             stopped = completed < settings.trials

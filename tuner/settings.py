@@ -43,6 +43,9 @@ class SearchSettings:
         gpus: several GPUs: one trial worker on each, in parallel (gpu backend).
         workers: parallel trial workers on the CPU (emulated backend; they share the cores, so
             their timings interfere).
+        confirm: measured backends, largest-batch goal: re-measure the recommended config and the no-LMS
+            baseline in this many more fresh worker processes and recommend the smallest largest batch
+            (`tuner.confirm`); 0: off.
         storage: where the study lives.
         studies_dir: outputs folder root (``studies/``).
         workload: the workload's description (`tuner.models.Workload.describe`).
@@ -75,6 +78,7 @@ class SearchSettings:
     gpu: str | None = None
     gpus: tuple[str, ...] = ()
     workers: int = 1
+    confirm: int = 2
     workload: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 

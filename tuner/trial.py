@@ -269,7 +269,9 @@ def _fake_fault(fault: str, request: MeasureRequest, events: _Events) -> Measure
         raise RuntimeError("injected fault: the model code raised")
     if fault == "oom":
         return MeasureResult(status="oom", reason="batch 1 does not fit: out of memory (injected fault)")
-    batch = max(1, request.start_batch)  # "ok", "rofs": a synthetic result that fits
+    batch = max(1, request.start_batch)  # "ok", "rofs", "smaller": a synthetic result that fits
+    if fault == "smaller":
+        batch = max(1, batch * 3 // 4)
     return MeasureResult(status="ok", batch_size=batch, throughput=100.0 + batch,
                          step_time_median_s=batch / (100.0 + batch), step_time_spread_s=0.0,
                          peak_device_bytes=request.usable_bytes // 2, peak_source="tf-bfc-cpu", fits_budget=True,
@@ -318,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     request = envelope.request
     events = _Events(envelope.events or None)
     start = time.monotonic()
-    fault = injected_fault(request.trial) if isinstance(request, MeasureRequest) else None
+    fault = injected_fault(request.trial, confirm=request.confirm) if isinstance(request, MeasureRequest) else None
     result: Any
     try:
         if isinstance(request, DescribeRequest):

@@ -80,6 +80,8 @@ def test_bad_config_file(name: str, tmp_path: Path) -> None:
     (["search", "--model", "mlp", "--studies-dir", "/proc/lms-tuner-out"], "is not a writable folder"),
     (["search", "--model", "mlp", "--studies-dir", "afile/studies"], "is not a writable folder"),
     (["search", "--model", "mlp", "--workers", "0"], "must be >= 1"),
+    (["search", "--model", "mlp", "--confirm", "11"], "--confirm: 11 must be between 0 and 10"),
+    (["search", "--model", "mlp", "--confirm", "-1"], "--confirm: -1 must be between 0 and 10"),
     (["search", "--model", "mlp", "--timeout", "-5"], "must be >= 0 seconds"),
     (["search", "--model", "mlp", "--safety-margin", "0.9"], "must be between 0 and 0.5"),
     (["search", "--model", "mlp", "--gpus", "0,0"], "distinct GPU indices"),

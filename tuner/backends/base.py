@@ -44,6 +44,7 @@ class SearchRun:
         attrs: the study's stored tuner settings (a screening study copies them).
         stopped: why the loop ended (``stopped["reason"]``, see `tuner.loop.optimize`).
         screen: the screening study, once a measured backend made it.
+        notes: what the backend has to say in recommended.json (e.g. a confirmation cut short).
     """
 
     main: Any
@@ -58,6 +59,7 @@ class SearchRun:
     attrs: Mapping[str, Any]
     stopped: dict[str, str] = field(default_factory=dict)
     screen: Any = None
+    notes: list[str] = field(default_factory=list)
 
     def evaluate_predicted(self, config: Any, trial: Any) -> "TrialRecord":
         from .simulate import predicted_record

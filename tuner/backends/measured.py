@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..batch import Prediction
+from ..confirm import confirm_recommendation
 from ..budget import format_bytes
 from ..loop import Interrupted, optimize
 from ..pareto import pareto_picks
@@ -72,7 +73,9 @@ class MeasuredBackend(Backend):
             k = max(0, s.trials - len(queued))
             for params in pareto_picks(screen.get_trials(deepcopy=False), k, exclude=queued, table=space.table):
                 run.main.enqueue_trial(params, user_attrs={"from_screen": True}, skip_if_exists=True)
-        return self._measure_all(run), screened
+        ran = self._measure_all(run)
+        run.notes.extend(confirm_recommendation(run, self, gpu=self.slots(s)[0]))
+        return ran, screened
 
     def _measure_all(self, run: SearchRun) -> int:
         """Real trials: one thread per worker slot (one per GPU of ``--gpus``, or ``--workers`` on the CPU).
