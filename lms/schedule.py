@@ -56,8 +56,8 @@ from .anchor import merged_pairs, pinnable_ops, trigger_ops
 from .config import LMSConfig, serialization_levels
 from .graph import SHAPE_ONLY_TYPES, Graph, GraphError, Op, Role
 from .plan import SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
-from .schedule_candidates import (PIN_MIN_BYTES, list_schedule, place_swap_ins, post_order, prefetched,
-                                  sink)
+from .schedule_candidates import (PIN_MIN_BYTES, PREFETCH_DOMINANCE, list_schedule, place_swap_ins, post_order,
+                                  prefetch_order, prefetched, sink)
 from .schedule_model import (EXECUTOR_KINDS, BufferModel, ExecutorModel, buffer_model, live_peak, order_peak,
                              scoring_batch)
 
@@ -108,6 +108,10 @@ class Schedule:
         chosen: the candidate kept.
         prefetch_share: with ``prefetch="headroom"``, the share of the order's
             peak its swap-ins were moved into (0: none moved; see `lms.schedule_candidates.prefetched`).
+        exact: the order is for a step whose executed graph is pinned whole
+            (`lms.exact`, one CPU device): candidates were scored by their own
+            liveness, since that order is the one that runs; `pins` are still
+            the partial pins, for when the executed graph cannot be pinned.
         batch: batch the sizes were taken at.
         serialized_levels: the levels ``serialization`` chained.
         schedule_s: wall time of the pass.
@@ -121,6 +125,7 @@ class Schedule:
     candidates: Mapping[str, int] = field(default_factory=dict)
     chosen: str = ""
     prefetch_share: float = 0.0
+    exact: bool = False
     batch: int = 1
     serialized_levels: tuple[int, ...] = ()
     schedule_s: float = 0.0
@@ -138,7 +143,7 @@ class Schedule:
         """JSON-ready description (without the full order)."""
         return {"kind": self.kind, "n_ops": len(self.order), "n_constraints": len(self.constraints),
                 "n_pins": len(self.pins), "n_dropped": len(self.dropped), "candidates": dict(self.candidates),
-                "chosen": self.chosen, "prefetch_share": self.prefetch_share,
+                "chosen": self.chosen, "prefetch_share": self.prefetch_share, "exact": self.exact,
                 "batch": self.batch, "serialized_levels": list(self.serialized_levels),
                 "schedule_s": round(self.schedule_s, 4)}
 
@@ -425,7 +430,7 @@ def _trigger_pins(m: BufferModel, order: list[int], triggers: frozenset[str]) ->
 # ---- the pass ----------------------------------------------------------------------------------
 
 def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfig | None = None,
-                 batch: int | None = None) -> Schedule:
+                 batch: int | None = None, exact: bool = False) -> Schedule:
     """Decide the ordering edges (and, for ``schedule="memory"``, the whole order) of one step.
 
     Args:
@@ -434,6 +439,11 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
         config: the knobs (default: the plan's config, else `LMSConfig()`).
         batch: batch the liveness model sizes tensors at (default: the graph's),
             raised to `scoring_batch` where resident bytes would hide the order.
+        exact: the step's executed graph will be pinned whole (`lms.exact`:
+            one CPU device), so the order chosen is the order that runs: each
+            candidate is scored by its own liveness peak, not by the orders
+            TF's executor models run with its partial pins, and
+            ``prefetch="headroom"`` uses the whole headroom.
 
     Returns:
         A `Schedule` over ``rewrite_graph(graph, plan)``; validated.
@@ -475,10 +485,14 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
     def pins_for(order: list[int]) -> tuple[tuple[str, str], ...]:
         return _chain_pins(g, m, order, pinnable) + _trigger_pins(m, order, triggers)
 
-    pins_of = {name: pins_for(order) for name, order in candidates.items()}
-    pins_of["tf"] = ()  # TF's own order, nothing pinned: the pass never does worse than without it
     executor = ExecutorModel(g, m)
     tf_orders = executor.orders(())
+    if exact:
+        return _exact_schedule(graph, g, m, rewritten, config, candidates, tf_orders[1], pins_for, lead,
+                               constraints=constraints, anchored=anchored, dropped=dropped, levels=levels,
+                               batch=batch, pinnable=pinnable, triggers=triggers, t0=t0)
+    pins_of = {name: pins_for(order) for name, order in candidates.items()}
+    pins_of["tf"] = ()  # TF's own order, nothing pinned: the pass never does worse than without it
     candidates["tf"] = tf_orders[1]
     # candidates often pin alike: score each pin set once
     scored: dict[tuple[tuple[str, str], ...], int] = {(): max(live_peak(m, order) for order in tf_orders)}
@@ -498,4 +512,35 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
     sched.validate(rewritten, pinnable=pinnable, triggers=triggers)
     log.debug("schedule %s: %s of %s, %d pins, %.3f s", graph.name, chosen, peaks, len(sched.pins),
               sched.schedule_s)
+    return sched
+
+
+def _exact_schedule(graph: Graph, g: Graph, m: BufferModel, rewritten: Graph, config: LMSConfig,
+                    candidates: dict[str, list[int]], tf_order: list[int], pins_for: Any, lead: int, *,
+                    constraints: tuple[tuple[str, str], ...], anchored: tuple[tuple[str, str], ...],
+                    dropped: tuple[tuple[str, str], ...], levels: tuple[int, ...], batch: int,
+                    pinnable: frozenset[str], triggers: frozenset[str], t0: float) -> Schedule:
+    """`schedule_ops` for a step pinned whole: the candidate with the lowest liveness peak of its own order.
+
+    TF's own order (the single-threaded executor's, nothing pinned) competes as
+    one more order. With ``prefetch="headroom"`` the swap-ins move into the whole
+    headroom below the order's peak (`prefetch_order` at share 1): nothing but
+    the order decides where they run.
+    """
+    orders = dict(candidates, tf=tf_order)
+    peaks = {name: live_peak(m, order) for name, order in orders.items()}
+    chosen = min(peaks, key=lambda k: (peaks[k], list(orders).index(k)))
+    order = orders[chosen]
+    share = 0.0
+    if config.prefetch == "headroom" and lead == config.lb - 1:
+        big = buffer_model(g, scoring_batch(g, dominance=PREFETCH_DOMINANCE))
+        moved = prefetch_order(big, order, 1.0)
+        if moved != order:
+            order, share = moved, 1.0
+    sched = Schedule(kind="memory", order=tuple(m.names[i] for i in order), constraints=constraints,
+                     pins=tuple(dict.fromkeys(anchored + pins_for(order))), dropped=dropped, candidates=peaks,
+                     chosen=chosen, prefetch_share=share, exact=True, batch=batch, serialized_levels=levels,
+                     schedule_s=time.perf_counter() - t0)
+    sched.validate(rewritten, pinnable=pinnable, triggers=triggers)
+    log.debug("exact schedule %s: %s of %s, %.3f s", graph.name, chosen, peaks, sched.schedule_s)
     return sched

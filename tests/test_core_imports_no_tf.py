@@ -10,7 +10,7 @@ from pathlib import Path
 
 CORE = ["lms", "lms.config", "lms.graph", "lms.planner", "lms.plan", "lms.optypes", "lms.recompute",
         "lms.recompute_planner", "lms.simulator", "lms.devices",
-        "lms.anchor", "lms.schedule", "lms.schedule_model", "lms.schedule_candidates",
+        "lms.anchor", "lms.schedule", "lms.schedule_model", "lms.schedule_candidates", "lms.exact",
         "lms.sim", "lms.sim.compiled", "lms.sim.order", "lms.sim.result", "lms.sim.costs", "lms.sim.interpreter",
         "lms.sim.search", "lms.sim.bfc", "lms.sim.bound"]
 TUNER = ["tuner", "tuner.cli", "tuner.search", "tuner.settings", "tuner.knobs", "tuner.space", "tuner.loop",

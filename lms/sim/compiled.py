@@ -188,13 +188,22 @@ def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "e
         schedule: a `lms.schedule.Schedule` for (graph, plan): its pins are
             added as control edges (and oneDNN's merged pairs as the schedule
             models them), and ``order`` runs over that graph: the pins fix the
-            order of the pinnable ops, the executor places the rest.
+            order of the pinnable ops, the executor places the rest. An exact
+            schedule (`Schedule.exact`: the executed graph pinned whole) is the
+            executed order itself.
     """
     g = rewrite_graph(graph, plan) if plan is not None and plan.rewrites else graph
+    exact = schedule is not None and getattr(schedule, "exact", False) and bool(schedule.order)
     if schedule is not None and schedule.edges:
         g = _with_edges(g, schedule)
     g = complete_sizes(bypass_identities(g))
-    names = executed_order(g, order, expensive_op_bytes=expensive_op_bytes)
+    if exact:
+        names = tuple(n for n in schedule.order if n in g.ops)
+        if len(names) != len(g.ops):
+            raise ValueError(f"the exact schedule orders {len(names)} of the {len(g.ops)} ops of {g.name!r}")
+        order = "exact"
+    else:
+        names = executed_order(g, order, expensive_op_bytes=expensive_op_bytes)
     n = len(names)
     ops = [g.ops[nm] for nm in names]
     last_reader = _last_readers(g, names)

@@ -37,7 +37,7 @@ from .costs import CPU_TEMPORARIES, TEMPORARIES, TemporaryModel
 from .opcosts import OpCosts
 from .result import SimResult, Timeline, TimelineEvent, _Trace
 
-__all__ = ["simulate", "SimResult", "Timeline", "TimelineEvent", "compiled_for", "resolve_plan", "schedule_for",
+__all__ = ["simulate", "SimResult", "Timeline", "TimelineEvent", "compiled_for", "resolve_plan", "schedule_for", "exact_on",
            "DEFAULT_TEMPORARIES", "default_temporaries", "cost_array"]
 
 
@@ -69,33 +69,49 @@ def _memo(graph: Graph, key: tuple, make: Any) -> Any:
 
 def compiled_for(graph: Graph, plan: SwapPlan | None, *, order: str = "executor",
                  expensive_op_bytes: int | None = None, temporaries: TemporaryModel | None = None,
-                 resident_bytes: int | None = None) -> CompiledGraph:
-    """The compiled form of (graph, plan), built once and cached while `graph` lives."""
+                 resident_bytes: int | None = None, exact: bool = False) -> CompiledGraph:
+    """The compiled form of (graph, plan), built once and cached while `graph` lives.
+
+    With `exact` a memory schedule's order is the executed order (the step's
+    executed graph pinned whole, `lms.exact`); else `order` models TF's
+    executor over the graph with the schedule's pins.
+    """
     temporaries = DEFAULT_TEMPORARIES if temporaries is None else temporaries
     per_graph = _CACHE.setdefault(graph, {})
     pinned = plan is not None and plan.config.pins_order
+    exact = bool(exact and pinned and plan.config.schedule == "memory")
     key = ("compiled", plan if plan is not None and (plan.rewrites or pinned) else None, order, expensive_op_bytes,
-           id(temporaries), resident_bytes)
+           id(temporaries), resident_bytes, exact)
     hit = per_graph.get(key)
     if hit is not None and hit[0] is temporaries:
         return hit[1]
     _trim(per_graph)
-    sched = schedule_for(graph, plan) if pinned else None
+    sched = schedule_for(graph, plan, exact=exact) if pinned else None
     cg = compile_graph(graph, plan, order=order, expensive_op_bytes=expensive_op_bytes,
                        temporaries=temporaries, resident_bytes=resident_bytes, schedule=sched)
     per_graph[key] = (temporaries, cg)
     return cg
 
 
-def schedule_for(graph: Graph, plan: SwapPlan) -> Any:
+def schedule_for(graph: Graph, plan: SwapPlan, *, exact: bool = False) -> Any:
     """The `lms.schedule.Schedule` of (graph, plan) under the plan's config, cached while `graph` lives.
 
     Computed at the graph's own batch size, as `lms.function` computes it for the
-    graph it traced, so the simulator predicts the order that is pinned.
+    graph it traced, so the simulator predicts the order that is pinned (with
+    `exact`: the order of a step whose executed graph is pinned whole).
     """
     from ..schedule import schedule_ops  # lms.schedule imports lms.sim.shapes: import here, not at the top
 
-    return _memo(graph, ("schedule", plan), lambda: schedule_ops(graph, plan))
+    return _memo(graph, ("schedule", plan, exact), lambda: schedule_ops(graph, plan, exact=exact))
+
+
+def exact_on(device: DeviceProfile | None) -> bool:
+    """Whether LMS pins the executed graph of a memory-scheduled step whole on `device` (`lms.exact`).
+
+    It does on one CPU device (the emulated device: ``kernels="cpu"``); on a GPU
+    the memory schedule is pinned through the pinnable ops only.
+    """
+    return device is not None and device.kernels == "cpu"
 
 
 def _trim(per_graph: dict) -> None:
@@ -108,7 +124,7 @@ def simulate(graph: Graph, plan: LMSConfig | SwapPlan | None = None, *, batch: i
              device: DeviceProfile | str | None = None, op_costs: Mapping[str, float] | OpCosts | None = None,
              op_costs_batch: int | None = None, resident_bytes: int | None = None,
              temporaries: TemporaryModel | None = None, order: str | None = None,
-             allocator: str = "exact", timeline: bool = True) -> SimResult:
+             allocator: str = "exact", timeline: bool = True, exact: bool | None = None) -> SimResult:
     """Simulate one training step of `graph` rewritten by `plan` at batch size `batch`.
 
     Args:
@@ -137,6 +153,9 @@ def simulate(graph: Graph, plan: LMSConfig | SwapPlan | None = None, *, batch: i
             and report its peak bytes in use, internal fragmentation included
             (`lms.sim.bfc`; Python, about 100x slower).
         timeline: keep what `SimResult.timeline` needs (built on first access).
+        exact: a memory-scheduled step runs its schedule's order exactly (its
+            executed graph pinned whole, `lms.exact`); ``None``: on a CPU
+            device (`exact_on`), not on a GPU or without a device.
 
     Returns:
         A frozen `SimResult` (all figures predicted).
@@ -149,7 +168,8 @@ def simulate(graph: Graph, plan: LMSConfig | SwapPlan | None = None, *, batch: i
     if order is None:
         order = dev.order if dev is not None else "executor"
     cg = compiled_for(graph, resolved, order=order, temporaries=temporaries, resident_bytes=resident_bytes,
-                      expensive_op_bytes=dev.expensive_op_bytes if dev is not None else None)
+                      expensive_op_bytes=dev.expensive_op_bytes if dev is not None else None,
+                      exact=exact_on(dev) if exact is None else exact)
     costs = cost_array(cg, op_costs, op_costs_batch, batch)
     return run(cg, batch, device=dev, op_costs=costs, want_timeline=timeline, allocator=allocator)
 

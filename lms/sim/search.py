@@ -21,7 +21,7 @@ from ..devices import DeviceProfile, get_device
 from ..graph import Graph
 from ..plan import SwapPlan
 from .costs import TemporaryModel
-from .interpreter import SimResult, cost_array, compiled_for, default_temporaries, resolve_plan, run
+from .interpreter import SimResult, cost_array, compiled_for, default_temporaries, exact_on, resolve_plan, run
 from .opcosts import OpCosts
 
 __all__ = ["max_batch", "MaxBatchResult", "InfeasibleBudget", "ALL_SWAPPED", "bfc_adjusted_batch"]
@@ -91,14 +91,14 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
               device: DeviceProfile | str | None = None, op_costs: Mapping[str, float] | OpCosts | None = None,
               op_costs_batch: int | None = None, resident_bytes: int | None = None,
               temporaries: TemporaryModel | None = None, order: str | None = None,
-              limit: int = 1 << 20) -> MaxBatchResult:
+              limit: int = 1 << 20, exact: bool | None = None) -> MaxBatchResult:
     """Largest batch whose simulated peak device memory is at most `budget_bytes`.
 
     Args:
         graph: the training graph model.
         config_or_plan: an `LMSConfig` (planned once), a `SwapPlan`, or ``None`` (no LMS).
         budget_bytes: device memory available to the step.
-        device, op_costs, op_costs_batch, resident_bytes, temporaries, order:
+        device, op_costs, op_costs_batch, resident_bytes, temporaries, order, exact:
             as for `simulate`.
         limit: largest batch tried.
 
@@ -117,7 +117,8 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
     if order is None:
         order = dev.order if dev is not None else "executor"
     kw = dict(order=order, temporaries=temporaries, resident_bytes=resident_bytes,
-              expensive_op_bytes=dev.expensive_op_bytes if dev is not None else None)
+              expensive_op_bytes=dev.expensive_op_bytes if dev is not None else None,
+              exact=exact_on(dev) if exact is None else exact)
     cg = compiled_for(graph, plan, **kw)
     base_costs = None if isinstance(op_costs, OpCosts) else cost_array(cg, op_costs, None, 1)
     count = 0
