@@ -283,8 +283,15 @@ def _lms_summary(fn: Any) -> dict[str, Any]:
     if summary is None:
         return {"n_swapped": 0}
     data = summary.to_dict() if hasattr(summary, "to_dict") else dict(summary)
-    return {k: data[k] for k in ("n_swapped", "n_swap_ins", "swapped_bytes", "n_candidates", "swap_ops")
-            if k in data}
+    out = {k: data[k] for k in ("n_swapped", "n_swap_ins", "swapped_bytes", "n_candidates", "swap_ops") if k in data}
+    if getattr(fn, "config", None) is not None and fn.config.schedule == "memory":
+        # whether the memory schedule ran exactly (the executed graph pinned whole, lms.tf.exact) or
+        # through the pinnable ops only, and why
+        whole = getattr(fn, "pinned_whole", None)
+        out["pinned_whole"] = whole is not None
+        if whole is None and getattr(fn, "whole_reason", ""):
+            out["whole_reason"] = fn.whole_reason[:300]
+    return out
 
 
 def _summary(exc: BaseException) -> str:

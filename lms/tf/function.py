@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 _MiB = 1 << 20
 
+_NOT_WHOLE = object()  # `LMSFunction._call_pinned_whole`: run the plain tf.function instead
+
 _EAGER_NOTE = ("running eagerly (tf.config.run_functions_eagerly(True) or called outside a traced function): "
                "LMS rewrites traced graphs only, nothing swapped")
 _XLA_MESSAGE = ("LMS cannot rewrite a step compiled by XLA: {owner} is called inside a function with "
@@ -168,6 +170,7 @@ class _Trace:
     summary: LMSSummary
     timings: Mapping[str, float]
     observed: dict = field(default_factory=dict)  # {"batch": n} once a step with an unknown batch ran
+    schedule: Any = None  # the lms.schedule.Schedule pinned (None: no ordering edges)
 
     def current_summary(self) -> LMSSummary:
         """The summary at the batch that ran, when the batch was unknown at trace time."""
@@ -186,8 +189,11 @@ class _Rewriter:
     """
 
     def __init__(self, config: Any, *, emulate: bool | None, bandwidth: float | None,
-                 device: str | None, owner: str) -> None:
+                 device: str | None, owner: str, pin_whole: bool = False) -> None:
         self.config = as_config(config)
+        # the caller runs memory-scheduled steps pinned whole when it can (`lms.tf.exact`): the order is
+        # then chosen for what runs exactly (`schedule_ops(..., exact=True)`)
+        self.pin_whole = pin_whole
         if bandwidth is not None and (isinstance(bandwidth, bool) or not bandwidth > 0):
             raise ValueError(f"bandwidth={bandwidth!r}: must be a positive number of bytes/s or None")
         self.emulate = default_emulate() if emulate is None else bool(emulate)
@@ -198,6 +204,7 @@ class _Rewriter:
         self.device = device
         self.owner = owner
         self.last: _Trace | None = None
+        self.traces: "weakref.WeakKeyDictionary[tf.Graph, _Trace]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._warned_eager = False
 
@@ -225,18 +232,22 @@ class _Rewriter:
         planned = time.perf_counter()
         applied = apply_plan(graph, plan, swap_ops=self.swap_ops, bandwidth=self.bandwidth, device=self.device)
         swapped = time.perf_counter()
+        schedule = None
         if self.config.pins_order:  # the order chosen over the graph model, pinned by control edges
             from ..schedule import schedule_ops
             from .pin import apply_schedule
 
-            apply_schedule(graph, schedule_ops(model, plan).edges)
+            exact = self.pin_whole and self.config.schedule == "memory" and _may_pin_whole(graph)
+            schedule = schedule_ops(model, plan, exact=exact)
+            apply_schedule(graph, schedule.edges)
         done = time.perf_counter()
         summary = LMSSummary.from_plan(plan, swap_ops=self.swap_ops)
         timings = {"extract_s": extracted - start, "plan_s": planned - extracted, "apply_s": swapped - planned,
                    "schedule_s": done - swapped}
-        trace = _Trace(model, plan, applied, summary, timings)
+        trace = _Trace(model, plan, applied, summary, timings, schedule=schedule)
         with self._lock:
             self.last = trace
+            self.traces[graph] = trace
         if symbolic and not batch_hint:
             observing = _observe_batch(graph, model, plan, trace, owner=self.owner)
             log.info("LMS: swapped %d tensors (%s per sample; the batch is unknown until the step runs%s) of "
@@ -339,7 +350,9 @@ def _observe_batch(graph: tf.Graph, model: Graph, plan: SwapPlan, trace: _Trace,
     t = model.tensors[swap.tensor]
 
     def observe(nbytes: int) -> None:
-        if "batch" not in trace.observed:
+        from .exact import in_dry_run
+
+        if "batch" not in trace.observed and not in_dry_run():
             trace.observed["batch"] = max((nbytes - t.fixed_bytes) // t.per_sample_bytes, 1)
             summary = trace.current_summary()
             log.info("LMS: %s swaps %.1f MiB at batch %d (the batch of the first step that ran)",
@@ -347,6 +360,16 @@ def _observe_batch(graph: tf.Graph, model: Graph, plan: SwapPlan, trace: _Trace,
 
     observe_swapped_size(graph, swap, observe)
     return True
+
+
+def _may_pin_whole(graph: tf.Graph) -> bool:
+    """Whether a step traced into `graph` may be pinned whole (`lms.tf.exact`): no GPU, no distribution
+    strategy, and nothing `lms.tf.exact.unpinnable_reason` refuses."""
+    from .exact import unpinnable_reason
+
+    if tf.config.list_logical_devices("GPU") or tf.distribute.has_strategy():
+        return False
+    return not unpinnable_reason(graph)
 
 
 def _building_function(graph: tf.Graph) -> bool:
@@ -416,19 +439,27 @@ class LMSFunction(_LatestTrace):
     """
 
     def __init__(self, fn: Callable, *, config: Any, emulate: bool | None = None,
-                 bandwidth: float | None = None, device: str | None = None, **tf_function_kwargs: Any) -> None:
+                 bandwidth: float | None = None, device: str | None = None, pin_whole: bool | None = None,
+                 **tf_function_kwargs: Any) -> None:
         if not callable(fn):
             raise ValueError(f"lms.function needs a callable, got {type(fn).__name__}")
         if tf_function_kwargs.get("jit_compile"):
             raise ValueError("lms.function: jit_compile=True is not supported: XLA compiles the step as one "
                              "cluster and bypasses graph-level swap ops; use jit_compile=False or None")
+        if pin_whole not in (None, True, False):
+            raise ValueError(f"pin_whole={pin_whole!r}: allowed values are None (when possible), True, False")
         name = getattr(fn, "__name__", "step")
         self._rewriter = _Rewriter(config, emulate=emulate, bandwidth=bandwidth, device=device,
-                                   owner=f"lms.function({name})")
+                                   owner=f"lms.function({name})", pin_whole=pin_whole is not False)
         self._fn = fn
-        self._options = {"emulate": emulate, "bandwidth": bandwidth, "device": device, **tf_function_kwargs}
+        self._options = {"emulate": emulate, "bandwidth": bandwidth, "device": device, "pin_whole": pin_whole,
+                         **tf_function_kwargs}
         self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._hint = threading.local()
+        self._pin_whole = pin_whole
+        # concrete function -> its step pinned whole (`lms.tf.exact.ExactStep`), or why it is not
+        self._whole: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+        self._whole_lock = threading.Lock()
 
         rewriter = self._rewriter
         hint = self._hint
@@ -444,7 +475,87 @@ class LMSFunction(_LatestTrace):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._hint.batch = _call_batch(args, kwargs)
+        if self._pin_whole is not False and self._rewriter.config.schedule == "memory":
+            out = self._call_pinned_whole(args, kwargs)
+            if out is not _NOT_WHOLE:
+                return out
         return self._tf_function(*args, **kwargs)
+
+    def _call_pinned_whole(self, args: tuple, kwargs: dict) -> Any:
+        """Run the step pinned whole (`lms.tf.exact`) when it can be; `_NOT_WHOLE` otherwise.
+
+        Only for a call made eagerly, with no gradient tape recording it, outside
+        a distribution strategy, on a machine without GPUs. The first call of
+        each trace builds the pinned step (two dry runs on stand-in variables).
+        """
+        from tensorflow.python.eager import record
+
+        if not tf.executing_eagerly() or record.could_possibly_record() or tf.distribute.has_strategy():
+            return self._not_whole("the call is not eager, is under a gradient tape or a distribution strategy")
+        if tf.config.list_logical_devices("GPU"):
+            return self._not_whole("a GPU is visible (the memory schedule is pinned through the pinnable ops there)")
+        concrete = self._tf_function.get_concrete_function(*args, **kwargs)
+        with self._whole_lock:
+            entry = self._whole.get(concrete)
+        try:
+            from tensorflow.python.eager.polymorphic_function import function_type_utils
+
+            bound = function_type_utils.canonicalize_function_inputs(args, kwargs, concrete.function_type)
+            flat = concrete.function_type.unpack_inputs(bound)
+        except Exception as exc:  # noqa: BLE001 -- TF internals: the plain call is always right
+            return self._not_whole(f"its arguments could not be flattened ({type(exc).__name__})")
+        if entry is None:
+            entry = self._build_whole(concrete, flat)
+            with self._whole_lock:
+                self._whole[concrete] = entry
+        if isinstance(entry, str):
+            return self._not_whole(entry)
+        return concrete.function_type.pack_output(entry(flat))
+
+    def _build_whole(self, concrete: Any, flat: list) -> Any:
+        """The `ExactStep` of `concrete`, or the reason it has none (logged once)."""
+        from .exact import ExactUnavailable, build_exact_step
+
+        trace = self._rewriter.traces.get(concrete.graph)
+        schedule = trace.schedule if trace is not None else None
+        if schedule is None or not schedule.exact:
+            reason = "its trace was not scheduled to be pinned whole (see lms.tf.exact.unpinnable_reason)"
+            if trace is not None and trace.graph is not None:
+                from .exact import unpinnable_reason
+
+                reason = unpinnable_reason(concrete.graph) or reason
+        else:
+            try:
+                return build_exact_step(concrete, flat, schedule.order, name=self._rewriter.owner)
+            except ExactUnavailable as exc:
+                reason = str(exc)
+        if self._pin_whole:
+            from .exact import ExactUnavailable
+
+            raise ExactUnavailable(f"{self._rewriter.owner} cannot be pinned whole: {reason}")
+        log.info("LMS: %s runs its memory schedule through the pinnable ops only: %s", self._rewriter.owner, reason)
+        return reason
+
+    def _not_whole(self, reason: str) -> Any:
+        if self._pin_whole:
+            from .exact import ExactUnavailable
+
+            raise ExactUnavailable(f"{self._rewriter.owner} cannot be pinned whole: {reason}")
+        return _NOT_WHOLE
+
+    @property
+    def pinned_whole(self) -> Any:
+        """The latest-built `lms.tf.exact.ExactStep` (the step pinned whole), or None."""
+        with self._whole_lock:
+            steps = [v for v in self._whole.values() if not isinstance(v, str)]
+        return steps[-1] if steps else None
+
+    @property
+    def whole_reason(self) -> str:
+        """Why the latest trace runs without being pinned whole ('' if it is, or nothing was tried)."""
+        with self._whole_lock:
+            reasons = [v for v in self._whole.values() if isinstance(v, str)]
+        return reasons[-1] if reasons else ""
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         """Used as a method decorator: one `LMSFunction` per instance, bound to it."""
@@ -483,7 +594,7 @@ class LMSFunction(_LatestTrace):
 
 
 def function(fn: Callable | None = None, *, config: Any, emulate: bool | None = None,
-             bandwidth: float | None = None, device: str | None = None,
+             bandwidth: float | None = None, device: str | None = None, pin_whole: bool | None = None,
              **tf_function_kwargs: Any) -> Any:
     """``tf.function`` for a training step, with Large Model Support.
 
@@ -498,6 +609,11 @@ def function(fn: Callable | None = None, *, config: Any, emulate: bool | None = 
             nbytes/bandwidth); None: no sleep.
         device: compute device for swap-ins (default: the consumers' device,
             else GPU:0 if present, else CPU:0).
+        pin_whole: with ``schedule="memory"``, run the step's executed graph
+            pinned whole (`lms.tf.exact`: every op of TF's optimized graph on
+            one chain, Grappler off; one CPU device): ``None`` (default) when
+            the step allows it, ``True`` always (ExactUnavailable otherwise),
+            ``False`` never (pins through the pinnable ops only).
         **tf_function_kwargs: passed to ``tf.function`` (``jit_compile=True`` is refused).
 
     Returns:
@@ -509,6 +625,6 @@ def function(fn: Callable | None = None, *, config: Any, emulate: bool | None = 
     """
     if fn is None:
         return lambda f: LMSFunction(f, config=config, emulate=emulate, bandwidth=bandwidth, device=device,
-                                     **tf_function_kwargs)
+                                     pin_whole=pin_whole, **tf_function_kwargs)
     return LMSFunction(fn, config=config, emulate=emulate, bandwidth=bandwidth, device=device,
-                       **tf_function_kwargs)
+                       pin_whole=pin_whole, **tf_function_kwargs)

@@ -165,6 +165,11 @@ class StepMeasurement:
             ``"getrusage-maxrss-process"`` (whole process life).
         host_rss_bytes: RSS after the timed steps (``VmRSS``), or ``None``.
         tf_version: TensorFlow's version.
+        live_peak_bytes: with ``measure_step(live=True)``: the requested bytes
+            the step's tensors held at most in one more step, profiled
+            (`lms.tf.live`: the step's arguments and variables plus its own
+            allocations; no allocator rounding or history); else ``None``.
+        live_step_bytes: the part of `live_peak_bytes` the step allocated.
     """
 
     device: str
@@ -186,6 +191,8 @@ class StepMeasurement:
     nvml: NvmlReading | None = field(default=None, repr=False)
     spread_kind: str = "iqr"
     tf_version: str = ""
+    live_peak_bytes: int | None = None
+    live_step_bytes: int | None = None
 
     @property
     def steps(self) -> int:
@@ -218,6 +225,7 @@ class StepMeasurement:
                 None if self.nvml_device_peak_bytes is None else "nvml-device",
             "host_peak_rss_bytes": self.host_peak_source,
             "host_rss_bytes": None if self.host_rss_bytes is None else "proc-vmrss",
+            "live_peak_bytes": None if self.live_peak_bytes is None else "tf-profiler-requested",
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -240,6 +248,7 @@ class StepMeasurement:
             "host_peak_source": self.host_peak_source,
             "host_rss_bytes": self.host_rss_bytes,
             "tf_version": self.tf_version,
+            "live_peak_bytes": self.live_peak_bytes, "live_step_bytes": self.live_step_bytes,
             "sources": self.sources,
         }
 
@@ -253,7 +262,7 @@ def default_device() -> str:
 
 def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, steps: int = 5,
                  device: str | None = None, nvml: bool | NvmlSampler | None = None,
-                 reset_host_peak: bool = True, executor: str = "default") -> StepMeasurement:
+                 reset_host_peak: bool = True, executor: str = "default", live: bool = False) -> StepMeasurement:
     """Run ``step`` untimed ``warmup`` times, then ``steps`` timed times, and measure.
 
     The allocator's peak statistic is reset before each timed step, so tracing,
@@ -290,6 +299,10 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
             some edges in hash sets). `lms.simulate` models it with
             ``order="single_threaded"``. Functions with control flow
             (``tf.cond`` / ``tf.while_loop`` kernels) cannot run under it.
+        live: also run one more step under TF's profiler and report the
+            requested bytes its tensors held at most (`live_peak_bytes`,
+            `lms.tf.live`): what the step's order makes live, without the
+            allocator's rounding and history.
 
     Raises:
         RuntimeError: on CPU, when TF's CPU allocator is not BFC (see
@@ -302,7 +315,7 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
     if EXECUTORS[executor] is not None:
         with tf.experimental.function_executor_type(EXECUTORS[executor]):
             return measure_step(step, batches, warmup=warmup, steps=steps, device=device, nvml=nvml,
-                                reset_host_peak=reset_host_peak)
+                                reset_host_peak=reset_host_peak, live=live)
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
     if not isinstance(steps, int) or steps < 1:
@@ -351,6 +364,13 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
     peak = max(step_peaks)
 
     window_peak = hostmem.window_peak_rss_bytes() if host_window else None
+    live_figures = None
+    if live:
+        from .live import live_bytes
+
+        live_args = first_batch if isinstance(first_batch, tuple) else (first_batch,)
+        live_figures = live_bytes(step, live_args, call=lambda: _call(step, first_batch),
+                                  synchronise=lambda out: _synchronise(out, on_gpu=on_gpu))
     if window_peak is not None:
         host_peak, host_source = window_peak, "proc-vmhwm-window"
     else:
@@ -368,7 +388,9 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
         host_rss_bytes=hostmem.current_rss_bytes(),
         nvml_process_peak_bytes=None if reading is None else reading.process_peak_bytes,
         nvml_device_peak_bytes=None if reading is None else reading.device_peak_bytes,
-        nvml=reading, tf_version=tf.__version__)
+        nvml=reading, tf_version=tf.__version__,
+        live_peak_bytes=None if live_figures is None else live_figures.peak_bytes,
+        live_step_bytes=None if live_figures is None else live_figures.step_bytes)
     log.info("measured %s: peak %d bytes (%s), median step %.4f s over %d steps",
              device, peak, measurement.peak_source, measurement.median_step_s, steps)
     return measurement

@@ -1,0 +1,193 @@
+"""A memory-scheduled step pinned whole (`lms.tf.exact`): bitwise-identical training, one order, safe fallbacks.
+
+Each case trains k steps with a plain ``tf.function`` and with ``lms.function``
+under a memory schedule; on this CPU the step must run pinned whole (every op of
+TF's optimized graph on one chain, Grappler off), train bit for bit like the
+plain step, and run its ops in the same order in every process. Steps that
+cannot be pinned whole (a ``tf.print``, control flow) keep the partial pins and
+say why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+import lms  # noqa: E402
+from lms import LMSConfig  # noqa: E402
+from lms.tf.exact import ExactUnavailable, build_exact_step, unpinnable_reason  # noqa: E402
+from tests.tf.conftest import assert_bitwise  # noqa: E402
+
+pytestmark = [pytest.mark.tf]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CONFIGS = {
+    "memory-all": LMSConfig(n_tensors=-1, schedule="memory"),
+    "memory-lb3-sync3": LMSConfig(n_tensors=-1, lb=3, schedule="memory", sync_mode=3),
+    "memory-prefetch": LMSConfig(n_tensors=-1, lb=2, schedule="memory", prefetch="headroom"),
+    "memory-recompute-fused": LMSConfig(n_tensors=-1, schedule="memory", recompute="cheap", fuse_swapins=True),
+    "memory-no-swaps": LMSConfig(n_tensors=0, schedule="memory"),
+}
+
+
+@pytest.mark.parametrize("config_name", list(CONFIGS))
+@pytest.mark.parametrize("model", ["mlp", "cnn_bn", "residual"])
+@pytest.mark.parametrize("emulate", [True, False])
+def test_a_step_pinned_whole_trains_bitwise_identically(cases, model, config_name, emulate):
+    case = cases[model]
+    step = lms.function(case.step_fn(), config=CONFIGS[config_name], emulate=emulate)
+    assert_bitwise(case.baseline, case.run(step))
+    whole = step.pinned_whole
+    assert whole is not None, step.whole_reason
+    assert whole.order.n_chained > 0 and whole.kernels
+    # the chain is in the function that runs: every edge is a control input there
+    ops = {op.name: op for op in whole.function.graph.get_operations()}
+    assert whole.order.edges
+    for a, b in whole.order.edges:
+        assert a in {c.name for c in ops[b].control_inputs}, (a, b)
+
+
+def test_resnet50_pinned_whole_trains_bitwise_identically(cases):
+    case = cases["resnet50"]
+    step = lms.function(case.step_fn(), config=CONFIGS["memory-all"], emulate=True)
+    assert_bitwise(case.baseline, case.run(step))
+    assert step.pinned_whole is not None, step.whole_reason
+    # oneDNN merges each conv's filter and bias gradients: the chain kept every pair adjacent
+    assert step.pinned_whole.order.merged
+    assert any("WithBias" in k for k in step.pinned_whole.kernels)
+
+
+def test_the_dry_runs_leave_the_step_and_its_variables_untouched(cases):
+    case = cases["cnn_bn"]
+    case.reset()
+    step = lms.function(case.step_fn(), config=CONFIGS["memory-all"], emulate=True)
+    x, y = tf.constant(case.x), tf.constant(case.y)
+    concrete = step.get_concrete_function(x, y)
+    before = [v.numpy() for v in case.model.weights + case.optimizer.variables]
+    trace = step._rewriter.traces[concrete.graph]  # noqa: SLF001
+    whole = build_exact_step(concrete, [x, y], trace.schedule.order)
+    after = [v.numpy() for v in case.model.weights + case.optimizer.variables]
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    assert whole.timings["capture_s"] > 0 and whole.n_nodes > whole.order.n_chained
+    case.reset()
+
+
+def test_an_unknown_batch_is_learnt_from_the_first_real_step_not_the_dry_runs(cases):
+    """The dry runs use one sample; the summary's batch must still be the batch that ran."""
+    case = cases["cnn_bn"]
+    spec = [tf.TensorSpec((None, *case.x.shape[1:]), tf.float32), tf.TensorSpec((None,), tf.int32)]
+    step = lms.function(case.step_fn(), config=CONFIGS["memory-all"], emulate=True, input_signature=spec)
+    case.run(step, k=1)
+    assert step.pinned_whole is not None, step.whole_reason
+    assert step.summary.batch_size == len(case.x)
+
+
+def _printing_step(case):
+    inner = case.step_fn()
+
+    def step(x, y):
+        loss = inner(x, y)
+        tf.print("loss", loss, output_stream=sys.stderr)
+        return loss
+
+    return step
+
+
+def test_a_step_with_another_stateful_op_keeps_the_partial_pins_and_says_why(cases):
+    case = cases["mlp"]
+    step = lms.function(_printing_step(case), config=CONFIGS["memory-all"], emulate=True)
+    got = case.run(step)
+    assert step.pinned_whole is None
+    assert "PrintV2" in step.whole_reason and "stateful" in step.whole_reason
+    plain = case.run(tf.function(_printing_step(case)))
+    assert_bitwise(plain, got)
+    with pytest.raises(ExactUnavailable, match="PrintV2"):
+        case.run(lms.function(_printing_step(case), config=CONFIGS["memory-all"], emulate=True, pin_whole=True))
+    case.reset()
+
+
+def test_control_flow_keeps_the_partial_pins(cases):
+    case = cases["mlp"]
+    inner = case.step_fn()
+
+    def step(x, y):
+        return tf.cond(tf.reduce_sum(x) > -1e9, lambda: inner(x, y), lambda: tf.constant(0.0))
+
+    graph = tf.function(step).get_concrete_function(tf.constant(case.x), tf.constant(case.y)).graph
+    assert "control flow" in unpinnable_reason(graph)
+
+
+def test_pin_whole_false_and_a_recording_tape_run_the_partial_pins(cases):
+    case = cases["cnn_bn"]
+    off = lms.function(case.step_fn(), config=CONFIGS["memory-all"], emulate=True, pin_whole=False)
+    assert_bitwise(case.baseline, case.run(off))
+    assert off.pinned_whole is None and off.whole_reason == ""
+    taped = lms.function(case.step_fn(), config=CONFIGS["memory-all"], emulate=True)
+    case.reset()
+    with tf.GradientTape():
+        taped(tf.constant(case.x), tf.constant(case.y))
+    assert taped.pinned_whole is None
+    case.reset()
+    with pytest.raises(ValueError, match="pin_whole"):
+        lms.function(case.step_fn(), config=CONFIGS["memory-all"], pin_whole="yes")
+
+
+_CHILD = r"""
+import json, os, sys, glob, tempfile
+sys.path.insert(0, os.environ["LMS_ROOT"])
+import tensorflow as tf
+tf.config.threading.set_inter_op_parallelism_threads(1)
+import lms
+from lms.tf.train import make_train_step
+from tuner.models import load_workload
+w = load_workload("residual")
+step = lms.function(make_train_step(w.build_model(), w.loss_fn, w.make_optimizer()),
+                    config=lms.LMSConfig(n_tensors=-1, lb=2, schedule="memory"), emulate=True,
+                    input_signature=[w.x_spec(), w.y_spec()], autograph=False)
+x, y = (tf.constant(a) for a in w.make_batch(8, 0))
+with tf.experimental.function_executor_type("SINGLE_THREADED_EXECUTOR"):
+    step(x, y); step(x, y)
+    logdir = tempfile.mkdtemp()
+    tf.profiler.experimental.start(logdir)
+    step(x, y).numpy()
+    tf.profiler.experimental.stop()
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
+events = []
+for path in glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True):
+    space = xplane_pb2.XSpace(); space.ParseFromString(open(path, "rb").read())
+    for plane in space.planes:
+        names = {k: m.name for k, m in plane.event_metadata.items()}
+        stats = {k: m.name for k, m in plane.stat_metadata.items()}
+        for line in plane.lines:
+            for ev in line.events:
+                kind = names.get(ev.metadata_id, "")
+                if kind == "MemoryAllocation":
+                    got = {stats.get(s.metadata_id): s.int64_value or s.uint64_value for s in ev.stats}
+                    events.append((line.timestamp_ns * 1000 + ev.offset_ps, got.get("requested_bytes", 0)))
+events.sort()
+print(json.dumps({"whole": step.pinned_whole is not None, "sizes": [s for _, s in events]}))
+"""
+
+
+@pytest.mark.slow
+def test_the_executed_allocation_sequence_is_the_same_in_every_process():
+    """Pinned whole, the ops run in one order: TF's allocator sees the same requests in every process."""
+    env = dict(os.environ, LMS_ROOT=str(ROOT), TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="2",
+               CUDA_VISIBLE_DEVICES="")
+    runs = []
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert all(r["whole"] for r in runs)
+    assert len(runs[0]["sizes"]) > 50
+    assert runs[0]["sizes"] == runs[1]["sizes"] == runs[2]["sizes"]
