@@ -101,7 +101,7 @@ ORDER_FOR = {"default": "executor", "single_threaded": "single_threaded"}
 # ---- child: one measurement in a fresh process (imports TensorFlow) ---------------------------
 def child(spec: dict[str, Any], out: Path) -> None:
     os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
-    os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
+    os.environ["TF_ENABLE_ONEDNN_OPTS"] = spec.get("onednn", "0")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
@@ -132,14 +132,18 @@ def child(spec: dict[str, Any], out: Path) -> None:
         graph = step.graph
         plan_summary = step.plan.summary()  # the plan applied, whatever the planner of the day
     trace_s = time.perf_counter() - t0
-    m = measure_step(step, (x, y), warmup=2, steps=3, device="CPU:0", executor=spec.get("executor", "default"))
+    m = measure_step(step, (x, y), warmup=2, steps=3, device="CPU:0", executor=spec.get("executor", "default"),
+                     live=bool(spec.get("live")))
     graph_path = out.with_suffix(".graph.json.gz")
     with gzip.open(graph_path, "wt", encoding="utf-8") as fh:
         json.dump(graph.to_dict(), fh)
     result = {"spec": spec, "measured_peak_bytes": m.peak_device_bytes,
               "baseline_bytes": m.baseline_device_bytes, "median_step_s": m.median_step_s,
               "trace_s": trace_s, "graph": graph_path.name, "plan": plan_summary,
-              "tf_version": tf.__version__, "peak_source": m.peak_source}
+              "tf_version": tf.__version__, "peak_source": m.peak_source,
+              "step_peaks_bytes": list(m.step_peaks_bytes), "live_peak_bytes": m.live_peak_bytes,
+              "pinned_whole": getattr(step, "pinned_whole", None) is not None,
+              "whole_reason": getattr(step, "whole_reason", "")}
     atomic_write_text(out, json.dumps(result, indent=1))
 
 
@@ -162,7 +166,8 @@ def swap_code_version() -> str:
 
 # ... and a measurement with the order pinned, per version of that code plus the scheduling pass.
 SCHEDULE_CODE = SWAP_CODE + ("lms/schedule.py", "lms/schedule_model.py", "lms/schedule_candidates.py",
-                             "lms/anchor.py", "lms/tf/pin.py", "lms/tf/function.py")
+                             "lms/anchor.py", "lms/tf/pin.py", "lms/tf/function.py", "lms/exact.py",
+                             "lms/tf/exact.py", "lms/tf/live.py")
 
 
 def schedule_code_version() -> str:
@@ -173,12 +178,18 @@ def schedule_code_version() -> str:
 
 
 def schedule_specs(repeats: int) -> list[dict[str, Any]]:
-    """The accuracy cases again with ``schedule="memory"`` (no-swap cases: ``n_tensors=0``)."""
+    """The accuracy cases again with ``schedule="memory"`` (no-swap cases: ``n_tensors=0``).
+
+    As the tuner's emulated device runs them: oneDNN on, the step pinned whole
+    (`lms.tf.exact`), the single-threaded executor; each measurement also
+    reports the requested bytes live at the step's worst moment (`lms.tf.live`).
+    """
     code = schedule_code_version()
     configs = [(m, o, b, {"n_tensors": 0, "schedule": "memory"}) for m, o, batches in NO_SWAP_CASES for b in batches]
     configs += [(m, o, b, {**c, "schedule": "memory"}) for m, o, b, c in SWAP_CASES]
     return [{"model": m, "options": o, "batch": b, "config": c, "inter_op": 1, "code": code, "repeat": i,
-             "executor": "single_threaded"} for m, o, b, c in configs for i in range(repeats)]
+             "executor": "single_threaded", "onednn": "1", "live": True}
+            for m, o, b, c in configs for i in range(repeats)]
 
 
 def summarise_schedule(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -186,7 +197,12 @@ def summarise_schedule(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"target": SCHEDULE_TARGET}
     for kind, cases in (("no_swap", [r for r in rows if not r["n_swapped"]]), ("swap", [r for r in rows if r["n_swapped"]])):
         out[f"{kind}_cases"] = len(cases)
-        for variant in ("bfc", "bfc_on_start", "simulated"):
+        out[f"{kind}_pinned_whole"] = sum(bool(r.get("pinned_whole")) for r in cases)
+        live_spreads = [r["live_spread"] for r in cases if r.get("live_spread") is not None]
+        out[f"{kind}_max_live_spread"] = max(live_spreads, default=None)
+        for variant in ("bfc", "bfc_on_start", "simulated", "live"):
+            if variant == "live" and not any("live_error" in r for r in cases):
+                continue
             errors = [abs(r[f"{variant}_error"]) for r in cases]
             out[f"{kind}_{variant}_within_target"] = sum(e <= SCHEDULE_TARGET for e in errors)
             out[f"{kind}_{variant}_max_abs_error"] = max(errors, default=None)
@@ -202,7 +218,7 @@ def measure(spec: dict[str, Any], cache: Path, *, remeasure: bool, timeout: floa
         if spec["config"] is None or "swapped" in (record.get("plan") or {}):
             return record
     cache.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_ENABLE_ONEDNN_OPTS="0",
+    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_ENABLE_ONEDNN_OPTS=spec.get("onednn", "0"),
                TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
     cmd = [sys.executable, __file__, "--child", json.dumps(spec), str(out)]
     t0 = time.perf_counter()
@@ -285,6 +301,15 @@ def compare(records: list[dict[str, Any]], graph: Graph) -> dict[str, Any]:
             row["peak_op"] = r.peak_op
             row["resident_bytes"] = r.resident_bytes
             row["peak_temporary_bytes"] = r.peak_temporary_bytes
+    lives = sorted(r["live_peak_bytes"] for r in records if r.get("live_peak_bytes"))
+    if lives:
+        # what the order makes live (requested bytes, no allocator rounding or history) against the
+        # simulator's live-bytes peak
+        live = int(statistics.median(lives))
+        row.update(live_peak_bytes=live, live_peaks=lives, live_spread=(lives[-1] - lives[0]) / live,
+                   live_error=(row["simulated_peak_bytes"] - live) / live,
+                   pinned_whole=all(r.get("pinned_whole") for r in records),
+                   whole_reason=next((r.get("whole_reason") for r in records if r.get("whole_reason")), ""))
     baseline = int(statistics.median(r["baseline_bytes"] for r in records))
     row["measured_baseline_bytes"] = baseline
     # diagnostic: the simulated step on top of what the measuring process really held when the step
@@ -439,21 +464,43 @@ def _schedule_rows(args: argparse.Namespace) -> int:
     summary = summarise_schedule(rows)
     doc = json.loads(args.out.read_text()) if args.out.is_file() else {}
     doc["schedule_memory"] = {
-        "setup": "the cases above with schedule='memory' (no-swap cases: n_tensors=0), TF's single-threaded "
-                 f"executor, {args.st_repeats} processes each, compared against their median; "
+        "setup": "the cases above with schedule='memory' (no-swap cases: n_tensors=0) as the emulated device runs "
+                 "them: oneDNN on, pinned whole (lms.tf.exact), TF's single-threaded executor; "
+                 f"{args.st_repeats} processes each, compared against their median; 'live' compares the simulated "
+                 "live-bytes peak with the requested bytes live at the measured step's worst moment (lms.tf.live), "
+                 "'bfc' the BFC replay with TF's allocator peak; "
                  f"scheduling code {schedule_code_version()}" + ("; small models only (--quick)" if args.quick else ""),
         "summary": summary, "rows": rows}
     atomic_write_text(args.out, json.dumps(doc, indent=1) + "\n")
     _print_table(rows, {}, {})
+    _print_live(rows)
     s = summary
     for kind in ("no_swap", "swap"):
-        print(f"schedule=memory, {kind}: BFC replay {s[f'{kind}_bfc_within_target']}/{s[f'{kind}_cases']} within "
-              f"{100 * SCHEDULE_TARGET:.0f}% (max |error| {100 * (s[f'{kind}_bfc_max_abs_error'] or 0):.1f}%), on the "
-              f"measured start {s[f'{kind}_bfc_on_start_within_target']}, live bytes "
-              f"{s[f'{kind}_simulated_within_target']}; measured spread up to "
-              f"{100 * (s[f'{kind}_max_measured_spread'] or 0):.1f}%")
+        live = (f"simulated live bytes vs measured requested bytes {s.get(f'{kind}_live_within_target')}/"
+                f"{s[f'{kind}_cases']} within {100 * SCHEDULE_TARGET:.0f}% (max |error| "
+                f"{100 * (s.get(f'{kind}_live_max_abs_error') or 0):.1f}%; their spread across processes up to "
+                f"{100 * (s.get(f'{kind}_max_live_spread') or 0):.2f}%)")
+        print(f"schedule=memory, {kind} ({s[f'{kind}_pinned_whole']}/{s[f'{kind}_cases']} pinned whole): {live}; "
+              f"BFC replay vs TF's allocator peak {s[f'{kind}_bfc_within_target']}/{s[f'{kind}_cases']} "
+              f"(max |error| {100 * (s[f'{kind}_bfc_max_abs_error'] or 0):.1f}%; the allocator's spread up to "
+              f"{100 * (s[f'{kind}_max_measured_spread'] or 0):.1f}%)")
     print(f"\nwrote {args.out}")
     return 0
+
+
+def _print_live(rows: list[dict[str, Any]]) -> None:
+    """The pinned rows: requested bytes live (measured, median of processes) vs the simulated live peak."""
+    head = (f"{'model':<9} {'batch':>5} {'config':<40} {'whole':>5} {'live':>9} {'live sim':>9} {'error':>7} "
+            f"{'spread':>7}")
+    print("\n" + head)
+    print("-" * len(head))
+    for r in sorted(rows, key=lambda r: (r["config"] is not None and r["n_swapped"] > 0, r["model"], r["batch"])):
+        if "live_peak_bytes" not in r:
+            continue
+        cfg = ",".join(f"{k}={v}" for k, v in (r["config"] or {}).items() if k != "schedule") or "no LMS"
+        print(f"{r['model']:<9} {r['batch']:>5} {cfg[:40]:<40} {'yes' if r['pinned_whole'] else 'no':>5} "
+              f"{r['live_peak_bytes'] / MiB:>8.1f}M {r['simulated_peak_bytes'] / MiB:>8.1f}M "
+              f"{100 * r['live_error']:>+6.1f}% {100 * r['live_spread']:>6.2f}%")
 
 
 def _print_table(rows: list[dict[str, Any]], summary: dict[str, Any], timing: dict[str, Any]) -> None:
