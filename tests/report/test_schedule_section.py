@@ -44,6 +44,18 @@ def test_summary_is_the_schedule_the_pass_computes():
     assert summary.prefetch_share == 0.0 and "prefetch" not in summary.sentence
 
 
+def test_on_the_emulated_device_the_summary_is_of_the_order_that_runs_exactly():
+    """On a CPU profile the step is pinned whole: the summary is the exact schedule, scored by each order's peak."""
+    graph = residual(3)
+    summary = schedule_summary(graph, PINNED, device="cpu")
+    sched = schedule_ops(graph, plan_swaps(graph, PINNED), exact=True)
+    assert summary.exact and not schedule_summary(graph, PINNED, device="V100-16GB").exact
+    assert summary.chosen == sched.chosen and {c.name: c.peak_bytes for c in summary.candidates} == dict(sched.candidates)
+    assert summary.candidates[0].chosen
+    assert "executed graph is pinned whole" in summary.sentence
+    assert f"its {len(sched.order)} ops run in that order" in summary.sentence
+
+
 def test_summary_says_how_far_swap_ins_were_prefetched():
     graph = residual(4)
     config = LMSConfig(n_tensors=-1, schedule="memory", prefetch="headroom")

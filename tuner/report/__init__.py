@@ -230,7 +230,7 @@ def _timeline(data: ReportData, *, study_dir: Path, study_attrs: Mapping[str, An
             what = "the recommended config swaps nothing (LMS off)" if off else "both configs"
             notes.append(f"Simulated{where} with lms.simulator from the traced graph ({graph_path.name}), "
                          f"{what} at the recommended batch size {rec.batch_size}.")
-            notes.append(schedule_summary(graph, config).sentence)
+            notes.append(schedule_summary(graph, config, device=device).sentence)
         except Exception as exc:  # a broken cache must not cost the whole report
             log.warning("could not simulate the timeline from %s: %s", graph_path, exc)
             notes.append(f"The simulated timeline could not be computed ({type(exc).__name__}: {exc}).")
@@ -324,7 +324,7 @@ def _with_schedule_and_recompute(data: ReportData, *, traced: _Traced, study_att
     schedule = recompute = None
     note = ""
     try:
-        schedule = schedule_summary(traced.graph, config)
+        schedule = schedule_summary(traced.graph, config, device=_simulator_device(study_attrs, rec))
     except Exception as exc:  # a graph the scheduler cannot order must not cost the whole report
         log.warning("could not summarise the schedule: %s", exc)
     if recomputes:

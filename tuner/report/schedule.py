@@ -53,6 +53,9 @@ class ScheduleSummary:
         scoring_batch: the batch the candidates were scored at.
         prefetch_share: with ``prefetch="headroom"``, the share of the order's peak its swap-ins
             were moved into (0: none moved, or ``prefetch="lb"``).
+        exact: the order runs exactly: on the device simulated (a CPU: the emulated device) LMS
+            pins the step's executed graph whole (`lms.exact`), so every op runs where the order
+            puts it; else only the pinnable ops carry the pins.
     """
 
     kind: str
@@ -64,6 +67,7 @@ class ScheduleSummary:
     candidates: tuple[ScheduleCandidate, ...] = ()
     scoring_batch: int = 0
     prefetch_share: float = 0.0
+    exact: bool = False
 
     @property
     def pinned(self) -> bool:
@@ -83,23 +87,32 @@ class ScheduleSummary:
         tie = f" (tied with {', '.join(tied)}; kept by tie-break order)" if tied else ""
         moved = (f" Its swap-ins were moved earlier into {self.prefetch_share:.0%} of the memory the order "
                  "leaves free below its peak (prefetch='headroom')." if self.prefetch_share else "")
+        if self.exact:
+            return (f"The recommended config pins the order (schedule='{self.kind}'): scheduler {self.chosen!r} "
+                    f"was chosen of {len(self.candidates)} candidates{tie}, each scored by its own peak; on this "
+                    f"device the step's executed graph is pinned whole (one chain through every op of TF's "
+                    f"optimized graph), so its {self.n_ordered} ops run in that order, and the recommended curve "
+                    f"is simulated in it.{moved}")
         return (f"The recommended config pins the order (schedule='{self.kind}'): scheduler {self.chosen!r} was "
                 f"chosen of {len(self.candidates)} candidates{tie}; it orders {self.n_ordered} ops with "
                 f"{self.n_pins} control edges, and the recommended curve is simulated with those pins.{moved}")
 
 
-def schedule_summary(graph: Any, config: Any) -> ScheduleSummary:
-    """The ordering `config` gives `graph` (an `lms.graph.Graph` and an `lms.config.LMSConfig`).
+def schedule_summary(graph: Any, config: Any, *, device: Any = None) -> ScheduleSummary:
+    """The ordering `config` gives `graph` (an `lms.graph.Graph` and an `lms.config.LMSConfig`) on `device`.
 
-    Uses the same cached `Schedule` as `lms.simulator.simulate`, so the summary
-    is of the order the simulated timeline runs.
+    Uses the same cached `Schedule` as `lms.simulator.simulate` on that device
+    (pinned whole on a CPU profile, `lms.sim.interpreter.exact_on`), so the
+    summary is of the order the simulated timeline runs.
     """
     if not config.pins_order:
         return ScheduleSummary(kind="tf")
+    from lms.devices import get_device
     from lms.schedule import CANDIDATES
-    from lms.sim.interpreter import resolve_plan, schedule_for
+    from lms.sim.interpreter import exact_on, resolve_plan, schedule_for
 
-    sched = schedule_for(graph, resolve_plan(graph, config))
+    exact = config.schedule == "memory" and exact_on(get_device(device) if device is not None else None)
+    sched = schedule_for(graph, resolve_plan(graph, config), exact=exact)
     rank = list(CANDIDATES)
     candidates = tuple(
         ScheduleCandidate(name=name, description=CANDIDATES.get(name, ""), peak_bytes=int(peak),
@@ -109,4 +122,4 @@ def schedule_summary(graph: Any, config: Any) -> ScheduleSummary:
     return ScheduleSummary(kind=sched.kind, chosen=sched.chosen, n_ordered=len(sched.order), n_pins=len(sched.pins),
                            n_constraints=len(sched.constraints), n_dropped=len(sched.dropped),
                            candidates=candidates, scoring_batch=sched.batch if sched.order else 0,
-                           prefetch_share=sched.prefetch_share)
+                           prefetch_share=sched.prefetch_share, exact=bool(sched.exact))
