@@ -196,6 +196,34 @@ def test_single_threaded_executor_repeats_its_peak_up_to_the_allocators_chunks()
     assert m.peak_device_bytes > m.baseline_device_bytes + 4 * MIB  # activations of batch 8 counted
 
 
+def test_live_bytes_count_what_the_step_requests_and_repeat() -> None:
+    """`measure_step(live=True)`: requested bytes, from one profiled step (`lms.tf.live`).
+
+    An elementwise chain over a 4 MiB input, run op by op: each op allocates its
+    4 MiB output and frees its input after it, so at most two intermediates are
+    alive (TF may also write an output into a dead input: then fewer), on top of
+    the argument itself.
+    """
+    n = 1 << 20
+    x = tf.constant(np.linspace(-1.0, 1.0, n, dtype=np.float32))
+
+    @tf.function
+    def chain(v):
+        a = tf.math.sin(v)
+        b = tf.math.cos(a) + v  # v stays alive until here
+        c = tf.math.exp(b)
+        return tf.reduce_sum(c * a)
+
+    m = measure_step(chain, (x,), warmup=1, steps=2, executor="single_threaded", live=True)
+    again = measure_step(chain, (x,), warmup=1, steps=2, executor="single_threaded", live=True)
+    assert m.live_peak_bytes == again.live_peak_bytes  # one order, the same requests
+    assert m.live_peak_bytes - m.live_step_bytes == 4 * n  # the argument, counted at the start
+    assert 4 * n <= m.live_step_bytes <= 3 * 4 * n + 64 * KIB, m.live_step_bytes
+    assert m.to_dict()["sources"]["live_peak_bytes"] == "tf-profiler-requested"
+    plain = measure_step(chain, (x,), warmup=1, steps=1)
+    assert plain.live_peak_bytes is None and plain.to_dict()["sources"]["live_peak_bytes"] is None
+
+
 _PROFILE_SCRIPT = textwrap.dedent("""
     import json, os, sys, time
     os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
