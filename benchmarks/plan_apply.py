@@ -14,6 +14,12 @@ after the step's Python code has built the graph, LMS times its three phases
 Target: plan + apply + schedule <= 1 s. A plain ``tf.function`` trace of the same step
 is timed too (the first trace, which LMS adds its phases to).
 
+``--whole`` also runs the first call of each memory-scheduled step, which on this
+CPU pins the step whole (`lms.tf.exact`): a dry run that instantiates the traced
+step (TF's Grappler runs here instead of on the first real call), the rebuild of
+its optimized graph with the chain, a dry run of that (oneDNN's kernels checked),
+then the step itself; the first call of a plain ``tf.function`` is timed beside it.
+
     .venv/bin/python benchmarks/plan_apply.py            # ResNet-50, 224x224, batch 8
     .venv/bin/python benchmarks/plan_apply.py --quick    # 64x64 (same graph, smaller tensors)
 
@@ -68,7 +74,7 @@ def _build(image_size: int) -> tuple[Any, Any, Any]:
 
 
 def run(*, image_size: int, batch: int, emulate: bool, repeats: int,
-        configs: list[str] | None = None) -> dict[str, Any]:
+        configs: list[str] | None = None, whole: bool = False) -> dict[str, Any]:
     import tensorflow as tf
 
     import lms
@@ -79,8 +85,15 @@ def run(*, image_size: int, batch: int, emulate: bool, repeats: int,
     y_spec = tf.TensorSpec([batch], tf.int32)
 
     start = time.perf_counter()
-    tf.function(make_train_step(model, loss_fn, optimizer)).get_concrete_function(x_spec, y_spec)
+    plain = tf.function(make_train_step(model, loss_fn, optimizer))
+    plain.get_concrete_function(x_spec, y_spec)
     plain_trace_s = time.perf_counter() - start
+    x, y = tf.zeros(x_spec.shape), tf.zeros(y_spec.shape, tf.int32)
+    plain_first_call_s = None
+    if whole:
+        start = time.perf_counter()
+        plain(x, y).numpy()
+        plain_first_call_s = time.perf_counter() - start
 
     rows = []
     for label, fields in CONFIGS.items():
@@ -99,7 +112,14 @@ def run(*, image_size: int, batch: int, emulate: bool, repeats: int,
             r["plan_plus_apply_s"] = r["plan_s"] + r["apply_s"] + r["schedule_s"]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         plan = step.plan
-        rows.append({
+        pinned: dict[str, Any] = {}
+        if whole and fields.get("schedule") == "memory":  # the last trace's first call
+            start = time.perf_counter()
+            step(x, y).numpy()
+            pinned = {"first_call_s": time.perf_counter() - start, "pinned_whole": step.pinned_whole is not None,
+                      "whole_reason": step.whole_reason,
+                      **({f"whole_{k}": v for k, v in step.pinned_whole.timings.items()} if step.pinned_whole else {})}
+        rows.append({**pinned,
             "config": label, "config_fields": plan.config.to_dict(), **med,
             "plan_plus_apply_min_s": min(r["plan_plus_apply_s"] for r in runs),
             "plan_plus_apply_max_s": max(r["plan_plus_apply_s"] for r in runs), "runs": runs,
@@ -111,6 +131,7 @@ def run(*, image_size: int, batch: int, emulate: bool, repeats: int,
     return {
         "model": "keras.applications.ResNet50(weights=None)", "image_size": image_size, "batch": batch,
         "n_ops": len(step.graph.ops), "swap_ops": step.swap_ops, "plain_trace_s": plain_trace_s,
+        "plain_first_call_s": plain_first_call_s,
         "repeats": repeats, "statistic": "median over repeats (each a fresh trace)",
         "target_plan_plus_apply_s": TARGET_S, "configs": rows,
         "environment": {"python": platform.python_version(), "tensorflow": tf.__version__,
@@ -131,6 +152,12 @@ def _print(result: dict[str, Any]) -> None:
               f"{r['extract_s']:7.2f}s {r['plan_s']:6.2f}s {r['apply_s']:6.2f}s {r['schedule_s']:7.2f}s "
               f"{r['plan_plus_apply_s']:9.2f}s "
               f"({r['plan_plus_apply_min_s']:.2f}-{r['plan_plus_apply_max_s']:.2f}) {r['trace_s']:6.1f}s  {ok}")
+    for r in result["configs"]:
+        if "first_call_s" in r:
+            what = (f"pinned whole: capture {r['whole_capture_s']:.2f} s, rebuild {r['whole_rebuild_s']:.2f} s, "
+                    f"check {r['whole_verify_s']:.2f} s" if r["pinned_whole"] else f"not pinned whole: {r['whole_reason']}")
+            print(f"{r['config']:42s} first call {r['first_call_s']:.1f} s (plain tf.function "
+                  f"{result['plain_first_call_s']:.1f} s); {what}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,11 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS, help=f"JSON output (default {RESULTS})")
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS), metavar="CONFIG",
                         help="configs to time (default: all)")
+    parser.add_argument("--whole", action="store_true",
+                        help="also time the first call of memory-scheduled steps (pinned whole on this CPU)")
     args = parser.parse_args(argv)
     from lms.config import atomic_write_text
 
     result = run(image_size=64 if args.quick else args.image_size, batch=args.batch,
-                 emulate=not args.device_swap_ops, repeats=args.repeats, configs=args.configs)
+                 emulate=not args.device_swap_ops, repeats=args.repeats, configs=args.configs, whole=args.whole)
     _print(result)
     atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.output}")

@@ -149,7 +149,9 @@ class LMSConfig:
         schedule: who orders the step's ops: ``"tf"`` (TensorFlow's executor,
             as without LMS) or ``"memory"`` (`lms.schedule.schedule_ops`: a
             topological order chosen for the lowest simulated peak, pinned with
-            control edges so that it is the order that runs).
+            control edges so that it is the order that runs: on one CPU device
+            through every op of TF's optimized graph, `lms.exact`; on a GPU
+            through the ops no Grappler rewrite touches).
         serialization: TFLMS v2's option: topological levels whose ops are
             chained one after another by control edges, each entry a level
             (``3``) or an inclusive range (``"3:5"``: levels 3, 4 and 5; ``"3:"``

@@ -2,12 +2,16 @@
 
 TensorFlow's executor runs the ops no edge orders in an order that follows where
 the graph's edges happen to sit in memory, and that differs from process to
-process (on CPU oneDNN's layout pass rebuilds nodes too; ``--schedule memory``
-pins only the ops no Grappler rewrite touches). The same config's peak, and so
-its largest batch, moves between processes: on the emulated device
+process (on CPU oneDNN's layout pass rebuilds nodes too). The same config's
+peak, and so its largest batch, moved between processes: on the emulated device
 ``n_tensors=-1, lb=1, schedule="memory"`` measured 136 in one fresh process and
-188 in another (issue 14). A batch seen to fit in one process can fail in the
-user's.
+188 in another (issue 14), before such steps were pinned whole (`lms.tf.exact`:
+one chain through every op of TF's optimized graph; since then that config
+measured 148 in each of three processes). What still moves: the no-LMS
+baseline and ``schedule="tf"`` configs run in TF's order, a step that cannot be
+pinned whole keeps the partial pins, GPUs pin in part, and TF's allocator peak
+depends on its history (a few % on ResNet-50). A batch seen to fit in one
+process can fail in the user's.
 
 So after the trials, the config the search would recommend and the no-LMS
 baseline (the other side of the "x times larger batch" ratio) are measured

@@ -125,7 +125,7 @@ def _profile(step: Any, workload: Any, batches: list[int], events: _Events) -> d
 def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
     from lms.config import LMSConfig
     from tuner.backends import get_backend
-    from tuner.batch import Measurement, search_max_batch
+    from tuner.batch import Measurement, search_max_batch, search_slope, smaller_timed_batch
 
     workload = _load_workload(request)
     config = LMSConfig.from_dict(request.config)
@@ -191,10 +191,10 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
                               else f"peak {format_bytes(peak, digits=1)} > usable {format_bytes(usable, digits=1)}")),
                    peak_device_bytes=peak)
         return MeasureResult(**out)
-    # The timed run is longer than a probe and its peak can come out higher (the CPU executor's op
-    # order varies): it must fit too, else the next smaller batch is tried (at most 3 times).
+    # The timed run is longer than a probe and its peak can come out higher (TF's allocator peak moves from
+    # step to step): it must fit too, else a smaller batch is timed (at most 4 times; `smaller_timed_batch`).
     batch, final = search.batch, None
-    for _attempt in range(3):
+    for _attempt in range(4):
         events.emit("phase", phase="timing", batch=batch)
         try:
             m = run(batch, warmup=request.warmup, steps=request.steps)
@@ -207,9 +207,9 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
             break
         events.emit("timed_run_too_big", batch=batch, peak_bytes=None if m is None else int(m.peak_device_bytes),
                     detail=detail)
-        # peaks are close to linear in the batch: 8% fewer samples, or the largest smaller probe that fitted
-        lower = [p.batch for p in search.probes if p.fits and p.batch < batch]
-        batch = max([*lower, int(batch * 0.92)])
+        batch = smaller_timed_batch(batch, None if m is None else int(m.peak_device_bytes), usable,
+                                    slope_bytes_per_sample=search_slope(search.probes, request.slope_bytes_per_sample),
+                                    fitted_below=[p.batch for p in search.probes if p.fits])
         if batch < 1:
             break
     if final is None:

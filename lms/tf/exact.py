@@ -93,7 +93,7 @@ def unpinnable_reason(graph: tf.Graph) -> str:
     """
     def stateful_problem(op_type: str, is_stateful: bool) -> bool:
         return (is_stateful and op_type not in SAFE_STATEFUL_TYPES and op_type not in _FUNCTIONAL_FLOW
-                and not op_type.startswith(_SAFE_STATEFUL_PREFIXES) and not _is_stateless_pyfunc(op_type))
+                and not op_type.startswith(_SAFE_STATEFUL_PREFIXES))
 
     bad: Counter = Counter()
     devices: set[str] = set()
@@ -122,10 +122,6 @@ def unpinnable_reason(graph: tf.Graph) -> str:
     if devices - {"CPU", ""}:
         return "ops placed on " + ", ".join(sorted(devices - {"CPU", ""})) + " (only one CPU device is pinned whole)"
     return ""
-
-
-def _is_stateless_pyfunc(op_type: str) -> bool:
-    return op_type == "PyFuncStateless"
 
 
 def _op_def(op_type: str) -> Any:

@@ -134,3 +134,17 @@ def test_prediction_infeasible_budget() -> None:
     assert not pred.feasible and pred.batch == 0 and pred.throughput == 0
     assert pred.min_bytes is not None and pred.min_bytes > 1024
     assert "simulator" in pred.reason
+
+
+def test_a_timed_run_too_big_backs_off_by_the_samples_its_excess_is_worth():
+    from tuner.batch import smaller_timed_batch
+
+    # 5.2 MB over at 1.4 MB per sample: 4 samples, and 1% more for the allocator's spread
+    assert smaller_timed_batch(153, 579_000_000, 573_800_000, slope_bytes_per_sample=1.4e6) == 147
+    # no slope or no peak (out of memory): 8% fewer
+    assert smaller_timed_batch(150, 579_000_000, 573_800_000, slope_bytes_per_sample=None) == 138
+    assert smaller_timed_batch(150, None, 573_800_000, slope_bytes_per_sample=1.4e6) == 138
+    # a larger probe that fitted is tried first; never the same batch again
+    assert smaller_timed_batch(150, 700_000_000, 573_800_000, slope_bytes_per_sample=1.4e6,
+                               fitted_below=[120, 140, 150]) == 140
+    assert smaller_timed_batch(2, 573_800_001, 573_800_000, slope_bytes_per_sample=1e9) == 0
