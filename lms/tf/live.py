@@ -19,14 +19,12 @@ counts them (`lms.simulate`'s resident and input bytes).
 
 from __future__ import annotations
 
-import glob
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["LiveBytes", "live_bytes", "start_bytes", "SOURCE"]
+__all__ = ["LiveBytes", "live_bytes", "start_bytes", "allocation_events", "SOURCE"]
 
 SOURCE = "tf-profiler-requested"
 
@@ -82,7 +80,7 @@ def live_bytes(step: Callable[..., Any], args: tuple, *, call: Callable[[], Any]
                 tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, out)
         finally:
             tf.profiler.experimental.stop()
-        events = _allocation_events(logdir)
+        events = allocation_events(logdir)
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
     if not events:
@@ -96,27 +94,20 @@ def live_bytes(step: Callable[..., Any], args: tuple, *, call: Callable[[], Any]
                      n_allocations=sum(1 for _, d in events if d > 0))
 
 
-def _allocation_events(logdir: str) -> list[tuple[int, int]]:
-    """``(time in ps, +requested / -requested)`` of every allocation and deallocation, in time order."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+def allocation_events(logdir: str) -> list[tuple[int, int]]:
+    """``(time in ps, +requested / -requested)`` of every allocation and deallocation TF's profiler wrote under
+    `logdir`, in time order."""
+    from .profile import xplane_events
 
     events: list[tuple[int, int]] = []
-    for path in glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True):
-        space = xplane_pb2.XSpace()
-        with open(path, "rb") as fh:
-            space.ParseFromString(fh.read())
-        for plane in space.planes:
-            kinds = {k: m.name for k, m in plane.event_metadata.items()}
-            stats = {k: m.name for k, m in plane.stat_metadata.items()}
-            for line in plane.lines:
-                for ev in line.events:
-                    kind = kinds.get(ev.metadata_id, "")
-                    if kind not in ("MemoryAllocation", "MemoryDeallocation"):
-                        continue
-                    size = next((s.int64_value or s.uint64_value for s in ev.stats
-                                 if stats.get(s.metadata_id) == "requested_bytes"), 0)
-                    when = line.timestamp_ns * 1000 + ev.offset_ps
-                    events.append((when, size if kind == "MemoryAllocation" else -size))
+    stat_names: dict[int, dict[int, str]] = {}
+    for plane, line, ev, kind in xplane_events(logdir):
+        if kind not in ("MemoryAllocation", "MemoryDeallocation"):
+            continue
+        stats = stat_names.setdefault(id(plane), {k: m.name for k, m in plane.stat_metadata.items()})
+        size = next((s.int64_value or s.uint64_value for s in ev.stats
+                     if stats.get(s.metadata_id) == "requested_bytes"), 0)
+        events.append((line.timestamp_ns * 1000 + ev.offset_ps, size if kind == "MemoryAllocation" else -size))
     events.sort(key=lambda e: e[0])
     return events
 

@@ -21,13 +21,13 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..sim.opcosts import OpCosts
 from .measure import _synchronise
 
-__all__ = ["profile_op_costs", "profile_batches", "op_seconds_from_xspace"]
+__all__ = ["profile_op_costs", "profile_batches", "op_seconds_from_xspace", "xplane_events"]
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +74,10 @@ def profile_op_costs(step: Callable[..., Any], make_args: Callable[[int], Sequen
     return OpCosts.fit(measured, source=f"tf.profiler, one step at each batch {batches}, TF {tf.__version__}")
 
 
-def op_seconds_from_xspace(logdir: str) -> dict[str, float]:
-    """Wall seconds per op name from the xplane files TF's profiler wrote under `logdir`."""
+def xplane_events(logdir: str) -> Iterator[tuple[Any, Any, Any, str]]:
+    """``(plane, line, event, event name)`` for every event of the xplane files TF's profiler wrote under `logdir`."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    seconds: dict[str, float] = defaultdict(float)
     for path in glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True):
         space = xplane_pb2.XSpace()
         with open(path, "rb") as fh:
@@ -87,12 +86,18 @@ def op_seconds_from_xspace(logdir: str) -> dict[str, float]:
             names = {k: m.name for k, m in plane.event_metadata.items()}
             for line in plane.lines:
                 for ev in line.events:
-                    name = names.get(ev.metadata_id, "")
-                    op, sep, kind = name.rpartition(":")
-                    # op events are "name:Type"; skip "Class::method" and "Phrase: detail" events
-                    if not sep or not op or not kind or " " in name or "::" in name:
-                        continue
-                    seconds[op] += ev.duration_ps * 1e-12
+                    yield plane, line, ev, names.get(ev.metadata_id, "")
+
+
+def op_seconds_from_xspace(logdir: str) -> dict[str, float]:
+    """Wall seconds per op name from the xplane files TF's profiler wrote under `logdir`."""
+    seconds: dict[str, float] = defaultdict(float)
+    for _plane, _line, ev, name in xplane_events(logdir):
+        op, sep, kind = name.rpartition(":")
+        # op events are "name:Type"; skip "Class::method" and "Phrase: detail" events
+        if not sep or not op or not kind or " " in name or "::" in name:
+            continue
+        seconds[op] += ev.duration_ps * 1e-12
     return dict(seconds)
 
 

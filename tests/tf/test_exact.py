@@ -142,7 +142,7 @@ def test_pin_whole_false_and_a_recording_tape_run_the_partial_pins(cases):
 
 
 _CHILD = r"""
-import json, os, sys, glob, tempfile
+import json, os, sys, tempfile
 sys.path.insert(0, os.environ["LMS_ROOT"])
 import tensorflow as tf
 tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -160,21 +160,9 @@ with tf.experimental.function_executor_type("SINGLE_THREADED_EXECUTOR"):
     tf.profiler.experimental.start(logdir)
     step(x, y).numpy()
     tf.profiler.experimental.stop()
-from tensorflow.tsl.profiler.protobuf import xplane_pb2
-events = []
-for path in glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True):
-    space = xplane_pb2.XSpace(); space.ParseFromString(open(path, "rb").read())
-    for plane in space.planes:
-        names = {k: m.name for k, m in plane.event_metadata.items()}
-        stats = {k: m.name for k, m in plane.stat_metadata.items()}
-        for line in plane.lines:
-            for ev in line.events:
-                kind = names.get(ev.metadata_id, "")
-                if kind == "MemoryAllocation":
-                    got = {stats.get(s.metadata_id): s.int64_value or s.uint64_value for s in ev.stats}
-                    events.append((line.timestamp_ns * 1000 + ev.offset_ps, got.get("requested_bytes", 0)))
-events.sort()
-print(json.dumps({"whole": step.pinned_whole is not None, "sizes": [s for _, s in events]}))
+from lms.tf.live import allocation_events
+events = allocation_events(logdir)
+print(json.dumps({"whole": step.pinned_whole is not None, "sizes": [s for _, s in events if s > 0]}))
 """
 
 
