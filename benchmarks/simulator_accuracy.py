@@ -62,7 +62,8 @@ from lms import LMSConfig, plan_swaps  # noqa: E402
 from lms.plan import Swap, SwapIn, SwapPlan  # noqa: E402
 from lms.config import atomic_write_text  # noqa: E402
 from lms.graph import Graph  # noqa: E402
-from lms.simulator import NO_TEMPORARIES, max_batch, simulate  # noqa: E402
+from lms.sim.costs import ONEDNN_TEMPORARIES  # noqa: E402
+from lms.simulator import CPU_TEMPORARIES, NO_TEMPORARIES, max_batch, simulate  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lms" / "simulator_accuracy"
@@ -286,13 +287,17 @@ def compare(records: list[dict[str, Any]], graph: Graph) -> dict[str, Any]:
                            "measured_spread": (peaks[-1] - peaks[0]) / measured,
                            "n_swapped": plan.n_swapped if plan else 0}
     order = ORDER_FOR[row["executor"]]
+    # the kernels' scratch: oneDNN's where the measurement ran with it (the emulated device), else Eigen's
+    onednn = spec.get("onednn", "0") == "1"
+    temps = ONEDNN_TEMPORARIES if onednn else CPU_TEMPORARIES
     variants = {
-        "simulated": dict(device="cpu", order=order),
-        "bfc": dict(device="cpu", allocator="bfc", order=order),
-        "fifo": dict(device="cpu", order="fifo"),
+        "simulated": dict(device="cpu", order=order, temporaries=temps),
+        "bfc": dict(device="cpu", allocator="bfc", order=order, temporaries=temps),
+        "fifo": dict(device="cpu", order="fifo", temporaries=temps),
         "liveness": dict(device="cpu", temporaries=NO_TEMPORARIES, order=order),
     }
     row["order"] = order
+    row["temporaries"] = temps.name
     for label, kw in variants.items():
         r = simulate(graph, plan, batch=batch, timeline=False, **kw)
         row[f"{label}_peak_bytes"] = r.peak_device_bytes
@@ -444,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
                                 f"{args.repeats} per one-thread default-executor case, compared against their "
                                 "median (measured_peaks, measured_spread = (max - min) / median); one measurement "
                                 "per default-threads row",
-                     "simulated": "device='cpu' profile (CPU kernel temporaries) with the row's order; "
+                     "simulated": "device='cpu' profile with the row's order and Eigen's kernel temporaries "
+                                  "(lms.sim.costs.CPU_TEMPORARIES: these rows run with oneDNN off); "
                                   "'bfc' replays TF's BFC allocator, 'simulated' counts live bytes",
                      "tf_version": records[0]["tf_version"] if records else None},
            "summary": summary, "rows": rows, "timing": timing}

@@ -344,6 +344,19 @@ def test_conv_gradient_scratch_follows_tf_cpu_kernels():
     assert op_temporary(g, g.ops["gf"], NO_TEMPORARIES) == (0.0, 0.0)
 
 
+def test_the_emulated_device_simulates_onednn_kernels_whose_conv_gradients_take_no_patch_buffer():
+    """The CPU profile is the emulated device, whose workers run oneDNN: no Eigen patch buffers."""
+    from lms.devices import get_device
+    from lms.sim.costs import ONEDNN_TEMPORARIES
+    from lms.sim.interpreter import default_temporaries
+
+    g = _conv_grads()
+    assert default_temporaries(get_device("cpu")) is ONEDNN_TEMPORARIES is default_temporaries(None)
+    for op in ("gf", "gi", "pool_grad"):
+        assert op_temporary(g, g.ops[op], ONEDNN_TEMPORARIES) == (0.0, 0.0)
+    assert ONEDNN_TEMPORARIES.copy_on_write  # a variable updated while still read is copied, as with Eigen
+
+
 def test_flops_of_convolutions_and_matmuls():
     g = _conv_grads()
     per_sample = 2 * 32 * 32 * 64 * (3 * 3 * 64)

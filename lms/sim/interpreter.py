@@ -33,7 +33,7 @@ from ..plan import SwapPlan
 from ..planner import plan_swaps
 from .bfc import replay_bfc
 from .compiled import CompiledGraph, compile_graph
-from .costs import CPU_TEMPORARIES, TEMPORARIES, TemporaryModel
+from .costs import ONEDNN_TEMPORARIES, TEMPORARIES, TemporaryModel
 from .opcosts import OpCosts
 from .result import SimResult, Timeline, TimelineEvent, _Trace
 
@@ -41,7 +41,7 @@ __all__ = ["simulate", "SimResult", "Timeline", "TimelineEvent", "compiled_for",
            "DEFAULT_TEMPORARIES", "default_temporaries", "cost_array"]
 
 
-DEFAULT_TEMPORARIES = CPU_TEMPORARIES
+DEFAULT_TEMPORARIES = ONEDNN_TEMPORARIES  # the emulated device's kernels (oneDNN)
 
 
 # ---- compile cache ------------------------------------------------------------------
@@ -141,7 +141,8 @@ def simulate(graph: Graph, plan: LMSConfig | SwapPlan | None = None, *, batch: i
         resident_bytes: weights + optimizer slots + constants held all step;
             ``None``: derived from the graph's variable reads and constants.
         temporaries: per-op scratch model (default: the device's, `lms.sim.costs.TEMPORARIES`
-            by `DeviceProfile.kernels`; without a device the CPU-calibrated one).
+            by `DeviceProfile.kernels`; without a device oneDNN's CPU kernels', as the emulated
+            device runs them; `lms.sim.costs.CPU_TEMPORARIES` for TF's Eigen kernels).
         order: executed-order model: ``"executor"`` (TF's executor, with the
             device's expensive-op rule), ``"single_threaded"`` (TF's
             single-threaded executor, as `lms.tf.measure.measure_step` runs
@@ -175,7 +176,7 @@ def simulate(graph: Graph, plan: LMSConfig | SwapPlan | None = None, *, batch: i
 
 
 def default_temporaries(device: DeviceProfile | None) -> TemporaryModel:
-    """The scratch model for `device`'s kernels (CPU-calibrated without a device)."""
+    """The scratch model for `device`'s kernels (oneDNN's CPU kernels without a device)."""
     return TEMPORARIES[device.kernels] if device is not None else DEFAULT_TEMPORARIES
 
 
