@@ -42,6 +42,14 @@ inputs) and the memory schedule's order over the traced graph
       (w) ..> (filter grad) ..> (z)
       (w) ..> (bias grad)   ..> (z)
 
+  It also fuses a ``Pad`` into the convolution that is its only data reader, again
+  only when both have the same control inputs: the convolution runs right after
+  its pad (the pad waits for the convolution's other inputs), both are entered
+  alike, and only the convolution leads on::
+
+      (w) ..> (pad) -> (conv) ..> (z)
+      (w) ..........>  (conv)
+
 Graphs with control flow (``Switch``/``Merge``: a chained op downstream of an
 untaken branch would never run) are refused.
 """
@@ -87,7 +95,10 @@ class ExactOrder:
         order: every node, a topological order of the graph.
         edges: ``(before, after)`` control edges to add: with them the order
             is the only one in which the graph's kernels can run.
-        merged: pairs oneDNN merges into one kernel, adjacent in `order`.
+        merged: pairs oneDNN merges into one kernel, adjacent in `order`: siblings
+            (filter and bias gradients of one convolution) and `fused` pairs.
+        fused: the merged pairs whose first member (a ``Pad``) feeds the second
+            (its convolution): the chain leaves them through the second only.
         n_placed: nodes whose position came from the schedule (by name).
         n_chained: nodes on the chain (the ones that run a kernel).
     """
@@ -95,6 +106,7 @@ class ExactOrder:
     order: tuple[str, ...]
     edges: tuple[tuple[str, str], ...]
     merged: tuple[tuple[str, str], ...] = ()
+    fused: tuple[tuple[str, str], ...] = ()
     n_placed: int = 0
     n_chained: int = 0
 
@@ -138,6 +150,7 @@ class ExactOrder:
             if ca != cb:
                 raise ExactOrderError(f"oneDNN merges {a!r} and {b!r} only when their control inputs are the same "
                                       f"(got {ca} and {cb})")
+
         for x, y in zip(chain, chain[1:]):
             if frozenset((x, y)) in pairs:
                 if x in extra.get(y, ()) or y in extra.get(x, ()):
@@ -178,16 +191,25 @@ def exact_order(nodes: Sequence[Node], schedule_order: Sequence[str] = (), *, on
             if p not in by_name:
                 raise ExactOrderError(f"{n.name!r} reads {p!r}, which is not in the graph")
         preds[n.name] = ps
-    merged = _merged_pairs(nodes) if onednn else ()
-    after_mate = {b: a for a, b in merged}  # ordering only: the single-input member right after its mate
+    siblings = _merged_pairs(nodes) if onednn else ()
+    fused = _fused_pads(nodes, preds) if onednn else ()
+    merged = siblings + fused
+    after_mate = {b: a for a, b in merged}  # ordering only: the second member right after the first
     succs: dict[str, list[str]] = {n.name: [] for n in nodes}
     for name, ps in preds.items():
         for p in ps:
             succs[p].append(name)
-    for b, a in after_mate.items():
+    waits: dict[str, int] = {}  # ordering-only inputs: the sibling's mate, the pad's convolution's other inputs
+    for a, b in siblings:
         succs[a].append(b)
+        waits[b] = waits.get(b, 0) + 1
+    for pad, conv in fused:
+        for q in preds[conv]:
+            if q != pad and q not in preds[pad]:
+                succs[q].append(pad)
+                waits[pad] = waits.get(pad, 0) + 1
     key = _positions(nodes, preds, succs, schedule_order, index)
-    pending = {name: len(preds[name]) + (name in after_mate) for name in by_name}
+    pending = {name: len(preds[name]) + waits.get(name, 0) for name in by_name}
     heap = [(key[name], name) for name in by_name if not pending[name]]
     heapq.heapify(heap)
     order: list[str] = []
@@ -208,6 +230,7 @@ def exact_order(nodes: Sequence[Node], schedule_order: Sequence[str] = (), *, on
     types = {n.name: n.type for n in nodes}
     chain = [n for n in order if types[n] not in FREE_TYPES]
     mate = {a: b for a, b in merged} | {b: a for a, b in merged}
+    fused_set = set(fused)
     edges: list[tuple[str, str]] = []
     k = 0
     while k < len(chain) - 1:
@@ -215,14 +238,16 @@ def exact_order(nodes: Sequence[Node], schedule_order: Sequence[str] = (), *, on
         there = _unit(chain, k + len(here), mate)
         if not there:
             break
+        leaving = here[1:] if here in fused_set else here  # a pad leads on through its convolution only
         if len(there) > 1:  # a merged pair: the same control inputs on both, or oneDNN does not merge them
-            edges.extend((x, y) for y in there for x in here)
+            edges.extend((x, y) for y in there for x in leaving)
         else:
             direct = set(preds[there[0]])
-            edges.extend((x, there[0]) for x in here if x not in direct)
+            edges.extend((x, there[0]) for x in leaving if x not in direct)
         k += len(here)
     placed = sum(1 for n in nodes if n.name in set(schedule_order))
-    out = ExactOrder(order=tuple(order), edges=tuple(edges), merged=merged, n_placed=placed, n_chained=len(chain))
+    out = ExactOrder(order=tuple(order), edges=tuple(edges), merged=merged, fused=fused, n_placed=placed,
+                     n_chained=len(chain))
     out.validate(nodes)
     return out
 
@@ -253,6 +278,50 @@ def _merged_pairs(nodes: Sequence[Node]) -> tuple[tuple[str, str], ...]:
                 pairs.append((mates[0].name, n.name))
                 taken.update((mates[0].name, n.name))
     return tuple(pairs)
+
+
+# oneDNN's layout pass fuses a Pad into the convolution that alone reads it (_MklNativePadWith[Fused]Conv2D)
+_PAD_TYPES = frozenset({"Pad"})
+_PADDED_CONV_TYPES = frozenset({"Conv2D", "_FusedConv2D"})
+
+
+def _fused_pads(nodes: Sequence[Node], preds: dict[str, tuple[str, ...]]) -> tuple[tuple[str, str], ...]:
+    """``(pad, conv)``: a ``Pad`` whose only data reader is a convolution reading it as its input 0 (oneDNN
+    fuses them; control readers do not stop it: Grappler's folded ``ShapeN`` of the pad is one).
+
+    Skipped when one of the convolution's other inputs depends on the pad (waiting for it would be a cycle).
+    """
+    readers: dict[str, list[Node]] = {}
+    for n in nodes:
+        for p in dict.fromkeys(n.inputs):
+            readers.setdefault(p, []).append(n)
+    by_name = {n.name: n for n in nodes}
+    pairs: list[tuple[str, str]] = []
+    for n in nodes:
+        if n.type not in _PAD_TYPES:
+            continue
+        rs = readers.get(n.name, [])
+        if len(rs) != 1 or rs[0].type not in _PADDED_CONV_TYPES or not rs[0].inputs or rs[0].inputs[0] != n.name:
+            continue
+        conv = rs[0]
+        others = [q for q in preds[conv.name] if q != n.name]
+        if any(_depends_on(by_name, preds, q, n.name) for q in others):
+            continue
+        pairs.append((n.name, conv.name))
+    return tuple(pairs)
+
+
+def _depends_on(by_name: dict[str, Node], preds: dict[str, tuple[str, ...]], name: str, ancestor: str) -> bool:
+    stack, seen = [name], set()
+    while stack:
+        x = stack.pop()
+        if x == ancestor:
+            return True
+        if x in seen:
+            continue
+        seen.add(x)
+        stack.extend(preds[x])
+    return False
 
 
 def _positions(nodes: Sequence[Node], preds: dict[str, tuple[str, ...]], succs: dict[str, list[str]],

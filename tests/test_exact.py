@@ -99,6 +99,28 @@ def test_onednn_merged_siblings_stay_adjacent_entered_through_the_filter_gradien
     assert plain.merged == () and plain.chained(nodes) == ("other", "bias", "late", "filt", "sum")
 
 
+def test_a_pad_fused_into_its_convolution_leads_on_through_the_convolution_only():
+    """oneDNN fuses Pad -> Conv2D (ResNet-50's conv1) when the pad is the convolution's only data reader
+    and both have the same control inputs (a control reader, like Grappler's folded ShapeN of the pad,
+    does not stop it): the convolution runs right after its pad, the pad waits for the convolution's
+    filter, both are entered alike, and no chain edge leaves the pad."""
+    nodes = _graph("x:_Arg", "w:_Arg", "p:Const", "a:Relu<-x", "pad:Pad<-a,p", "side:Tanh<-a",
+                   "filt:ReadVariableOp<-w", "conv:_FusedConv2D<-pad,filt", "folded:Const|^pad",
+                   "out:AddN<-conv,side")
+    chain = exact_order(nodes, ["a", "pad", "side", "filt", "conv", "out"])
+    chained = chain.chained(nodes)
+    assert chained.index("conv") == chained.index("pad") + 1
+    assert chained.index("filt") < chained.index("pad")
+    assert chain.fused == (("pad", "conv"),) and ("pad", "conv") in chain.merged
+    assert not [e for e in chain.edges if e[0] == "pad"]
+    before = chained[chained.index("pad") - 1]
+    assert {(before, "pad"), (before, "conv")} <= set(chain.edges)
+    with pytest.raises(ExactOrderError, match="control inputs are the same"):
+        ExactOrder(order=chain.order, edges=tuple(e for e in chain.edges if e != (before, "conv")),
+                   merged=chain.merged, fused=chain.fused).validate(nodes)
+    assert exact_order(nodes, ["a", "pad", "side", "filt", "conv", "out"], onednn=False).fused == ()
+
+
 @pytest.mark.parametrize("flow", ["Switch", "Merge", "Enter", "NextIteration"])
 def test_control_flow_is_refused(flow):
     nodes = _graph("x:_Arg", f"s:{flow}<-x", "y:Relu<-s")
