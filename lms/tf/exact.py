@@ -96,15 +96,15 @@ def unpinnable_reason(graph: tf.Graph) -> str:
                 and not op_type.startswith(_SAFE_STATEFUL_PREFIXES))
 
     bad: Counter = Counter()
-    devices: set[str] = set()
+    device_names: set[str] = set()
     flow: set[str] = set()
     for op in graph.get_operations():
         if stateful_problem(op.type, op._is_stateful):  # noqa: SLF001
             bad[op.type] += 1
         if op.type in _FUNCTIONAL_FLOW:
             flow.add(op.type)
-        if op.device:
-            devices.add(tf.DeviceSpec.from_string(op.device).device_type or "")
+        device_names.add(op.device)
+    devices = {tf.DeviceSpec.from_string(d).device_type or "" for d in device_names if d}
     library = graph.as_graph_def().library.function if getattr(graph, "_functions", None) else ()
     for fdef in library:
         for node in fdef.node_def:
