@@ -490,8 +490,10 @@ class LMSFunction(_LatestTrace):
         """
         from tensorflow.python.eager import record
 
-        if not tf.executing_eagerly() or record.could_possibly_record() or tf.distribute.has_strategy():
-            return self._not_whole("the call is not eager, is under a gradient tape or a distribution strategy")
+        if (not tf.executing_eagerly() or tf.config.functions_run_eagerly() or record.could_possibly_record()
+                or tf.distribute.has_strategy()):
+            return self._not_whole("the call is not eager (or functions run eagerly), is under a gradient tape "
+                                   "or a distribution strategy")
         if tf.config.list_logical_devices("GPU"):
             return self._not_whole("a GPU is visible (the memory schedule is pinned through the pinnable ops there)")
         concrete = self._tf_function.get_concrete_function(*args, **kwargs)

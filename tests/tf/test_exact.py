@@ -144,6 +144,14 @@ def test_pin_whole_false_and_a_recording_tape_run_the_partial_pins(cases):
     case.reset()
     with pytest.raises(ValueError, match="pin_whole"):
         lms.function(case.step_fn(), config=CONFIGS["memory-all"], pin_whole="yes")
+    eager = lms.function(case.step_fn(), config=CONFIGS["memory-all"], emulate=True)
+    tf.config.run_functions_eagerly(True)
+    try:
+        eager(tf.constant(case.x), tf.constant(case.y))
+    finally:
+        tf.config.run_functions_eagerly(False)
+    assert eager.pinned_whole is None and eager.summary.note  # ran eagerly, as asked: nothing rebuilt
+    case.reset()
 
 
 _CHILD = r"""
