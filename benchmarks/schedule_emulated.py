@@ -9,7 +9,9 @@ unknown when tracing (one trace per process). Three figures (issue 14):
 
 1. repeatability: per zoo model at its small settings, one config with the
    order pinned, measured in 3 separate processes; target: the per-step peaks
-   of all processes within 1% of each other;
+   of all processes within 1% of each other (each process's peak, and each
+   timed step's; how far one process's steps differ from each other is
+   printed beside it);
 2. pinning cost: ResNet-50 64x64, the order pinned with nothing swapped
    (``n_tensors=0, schedule="memory"``) versus plain; target: median step time
    at most 5% longer (processes alternate, so drift hits both);
@@ -67,6 +69,7 @@ ZOO: dict[str, tuple[dict[str, Any], int]] = {
 }
 REPEAT_CONFIG = LMSConfig(n_tensors=-1, lb=3, schedule="memory")
 REPEAT_PROCESSES = 3
+REPEAT_STEPS = 5
 REPEAT_TARGET = 0.01
 COST_MODEL = ("resnet50", {"image_size": 64}, 32)
 COST_CONFIGS = {"plain": LMSConfig(n_tensors=0), "pinned": LMSConfig(n_tensors=0, schedule="memory")}
@@ -109,9 +112,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _traced_step(spec: dict[str, Any]) -> tuple[Any, tuple[Any, Any]]:
     """`spec`'s training step under `lms.function` (emulated swaps, batch dim unknown) and one batch."""
-    import tensorflow as tf
-
     import lms
+    from lms.tf.measure import device_batch
     from lms.tf.train import make_train_step
     from tuner.models import load_workload
 
@@ -120,7 +122,7 @@ def _traced_step(spec: dict[str, Any]) -> tuple[Any, tuple[Any, Any]]:
     fn = lms.function(step, config=LMSConfig.from_dict(spec["config"]), emulate=True,
                       input_signature=[workload.x_spec(), workload.y_spec()], autograph=False)
     x, y = workload.make_batch(spec["batch"], 0)
-    return fn, (tf.convert_to_tensor(x), tf.convert_to_tensor(y))
+    return fn, device_batch((x, y), "/CPU:0")
 
 
 def _run_child(spec: dict[str, Any], *, timeout: float = 1800) -> dict[str, Any]:
@@ -141,23 +143,27 @@ def repeatability(models: list[str]) -> list[dict[str, Any]]:
     for name in models:
         options, batch = ZOO[name]
         runs = [_run_child({"model": name, "options": options, "config": REPEAT_CONFIG.to_dict(), "batch": batch,
-                            "steps": 3, "live": True}) for _ in range(REPEAT_PROCESSES)]
-        peaks = [p for r in runs for p in r["step_peaks_bytes"]]
-        spread = (max(peaks) - min(peaks)) / min(peaks)
+                            "steps": REPEAT_STEPS, "live": True}) for _ in range(REPEAT_PROCESSES)]
+        per_step = [r["step_peaks_bytes"] for r in runs]
+        peaks = [max(p) for p in per_step]  # each process's peak, as a trial reports it (its steps' largest)
+        spread = _spread(peaks)
+        step_spread = max(_spread([p[k] for p in per_step]) for k in range(REPEAT_STEPS))
+        drift = max(_spread(p) for p in per_step)
         lives = [r["live_peak_bytes"] for r in runs]
-        live_spread = (max(lives) - min(lives)) / min(lives)
+        live_spread = _spread(lives)
         row = {"model": name, "options": options, "batch": batch, "processes": REPEAT_PROCESSES,
                "pinned_whole": all(r["pinned_whole"] for r in runs),
                "whole_reason": next((r["whole_reason"] for r in runs if r["whole_reason"]), ""),
                "per_process_live_peak_bytes": lives, "live_spread": live_spread,
                "live_within_target": live_spread <= REPEAT_TARGET,
-               "per_process_step_peaks_bytes": [r["step_peaks_bytes"] for r in runs],
-               "spread": spread, "within_target": spread <= REPEAT_TARGET,
+               "per_process_step_peaks_bytes": per_step, "per_process_peak_bytes": peaks,
+               "spread": spread, "step_spread": step_spread, "within_target": max(spread, step_spread) <= REPEAT_TARGET,
+               "drift_within_process": drift,
                "n_swapped": runs[0]["n_swapped"], "n_pins": runs[0].get("n_pins"), "chosen": runs[0].get("chosen")}
         print(f"  repeat {name:10s} batch {batch:3d} ({'pinned whole' if row['pinned_whole'] else 'partial pins'}): "
-              f"live bytes {min(lives) / MiB:.3f}-{max(lives) / MiB:.3f} MiB, spread {live_spread:.3%}; "
-              f"TF's allocator peak {min(peaks) / MiB:.2f}-{max(peaks) / MiB:.2f} MiB, spread {spread:.2%} "
-              f"({row['n_swapped']} swapped)", flush=True)
+              f"TF's allocator peak {min(peaks) / MiB:.4f}-{max(peaks) / MiB:.4f} MiB across processes, spread "
+              f"{spread:.3%} (step by step {step_spread:.3%}; from step to step within a process {drift:.2%}); "
+              f"live bytes spread {live_spread:.3%} ({row['n_swapped']} swapped)", flush=True)
         rows.append(row)
     return rows
 
@@ -385,9 +391,13 @@ def main(argv: list[str] | None = None) -> int:
         doc["repeatability"] = {"config": REPEAT_CONFIG.to_dict(), "rows": rows,
                                 "live_all_within_target": all(r.get("live_within_target") for r in rows),
                                 "all_within_target": all(r["within_target"] for r in rows),
-                                "figures": "live: requested bytes live at the worst moment of one profiled step "
-                                           "(lms.tf.live), one per process; spread: TF's BFC allocator peak of "
-                                           "every timed step of every process"}
+                                "figures": "spread: (max - min) / min across processes of each process's TF BFC "
+                                           "allocator peak (the largest of its timed steps, as a trial reports "
+                                           "it); step_spread: the same for each timed step, worst step; "
+                                           "drift_within_process: how far one process's steps differ from each "
+                                           "other (TF's allocator history; the same in every process); live: "
+                                           "requested bytes live at the worst moment of one profiled step "
+                                           "(lms.tf.live), one per process"}
     if "cost" in args.parts:
         print("pinning cost (n_tensors=0, schedule='memory' vs plain):", flush=True)
         doc["pinning_cost"] = pinning_cost()

@@ -111,15 +111,14 @@ def child(spec: dict[str, Any], out: Path) -> None:
 
     import lms
     from lms.tf.extract import trace_train_step
-    from lms.tf.measure import measure_step
+    from lms.tf.measure import device_batch, measure_step
     from lms.tf.train import make_train_step
     from tuner.models import load_workload
 
     w = load_workload(spec["model"], **spec["options"])
     model = w.build_model()
     optimizer = w.make_optimizer()
-    x, y = w.make_batch(spec["batch"], seed=0)
-    x, y = tf.constant(x), tf.constant(y)
+    x, y = device_batch(w.make_batch(spec["batch"], seed=0), "/CPU:0")
     t0 = time.perf_counter()
     if spec["config"] is None:
         graph, step = trace_train_step(model, w.loss_fn, optimizer, w.x_spec(), w.y_spec(),

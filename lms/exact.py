@@ -64,9 +64,12 @@ from .anchor import MERGED_SIBLING_TYPES
 
 __all__ = ["Node", "ExactOrder", "ExactOrderError", "exact_order", "FREE_TYPES", "CONTROL_FLOW_TYPES"]
 
-# Nodes that run no kernel per step (constants are evaluated once, arguments forwarded) or only gather
-# control edges: not chained, they run where their inputs allow.
-FREE_TYPES = frozenset({"_Arg", "_Retval", "Const", "HostConst", "NoOp", "Placeholder"})
+# Nodes that allocate nothing (arguments and results are forwarded) or only gather control edges: not
+# chained, they run where their inputs allow. Constants are chained: each allocates its tensor when the
+# executor creates its kernel, in the executor's node order, and a constant left off the chain is created
+# wherever the executor's walk over pointer-ordered edge sets meets it -- in another place in each process,
+# which moves every later buffer in TF's allocator.
+FREE_TYPES = frozenset({"_Arg", "_Retval", "NoOp", "Placeholder"})
 # Low-level control flow: a chained op behind an untaken branch would be dead, and so would the chain.
 CONTROL_FLOW_TYPES = frozenset({"Switch", "RefSwitch", "_SwitchN", "Merge", "RefMerge", "Enter", "RefEnter",
                                 "Exit", "RefExit", "NextIteration", "RefNextIteration", "LoopCond",

@@ -83,20 +83,33 @@ def test_an_unplaced_op_on_variables_only_runs_just_before_its_reader():
     assert order == ["f1", "f2", "g", "mm", "upd"]
 
 
+def test_constants_are_on_the_chain_just_before_their_first_reader():
+    """A constant allocates its tensor when the executor makes its kernel, in the executor's node order:
+    left off the chain, it could be made anywhere (TF's walk over pointer-ordered edge sets) and land
+    elsewhere in TF's allocator in each process."""
+    nodes = _graph("x:_Arg", "k1:Const", "k2:Const", "a:Mul<-x,k1", "b:AddV2<-x,k2", "c:AddV2<-a,b",
+                   "out:_Retval<-c")
+    chain = exact_order(nodes, ["b", "a", "c"])
+    assert chain.chained(nodes) == ("k2", "b", "k1", "a", "c")
+    assert _only_orders(nodes, chain) == {("k2", "b", "k1", "a", "c")}
+    assert ("b", "k1") in chain.edges  # the constant waits for the op before it
+
+
 def test_onednn_merged_siblings_stay_adjacent_entered_through_the_filter_gradient():
     nodes = _graph("x:_Arg", "dy:_Arg", "s:Const", "other:Relu<-x", "filt:Conv2DBackpropFilter<-x,s,dy",
                    "late:Tanh<-x", "bias:BiasAddGrad<-dy", "sum:AddN<-other,late")
     chain = exact_order(nodes, ["other", "bias", "late", "filt", "sum"])
     # the bias gradient waits for its mate: it cannot run ahead of the filter gradient
-    assert chain.chained(nodes) == ("other", "late", "filt", "bias", "sum")
+    # (the constant is chained too, just before its reader: it allocates when its kernel is made)
+    assert chain.chained(nodes) == ("other", "late", "s", "filt", "bias", "sum")
     assert chain.merged == (("filt", "bias"),)
-    # into the filter gradient (oneDNN does not merge a BiasAddGrad with a control input), out of both,
+    # into both alike (oneDNN does not merge a BiasAddGrad whose control inputs differ), out of both,
     # none between them (a cycle once merged)
-    assert set(chain.edges) == {("other", "late"), ("late", "filt"), ("late", "bias"), ("filt", "sum"),
+    assert set(chain.edges) == {("other", "late"), ("late", "s"), ("s", "filt"), ("s", "bias"), ("filt", "sum"),
                                 ("bias", "sum")}
     # with oneDNN off nothing is merged: the bias gradient is chained like any other op
     plain = exact_order(nodes, ["other", "bias", "late", "filt", "sum"], onednn=False)
-    assert plain.merged == () and plain.chained(nodes) == ("other", "bias", "late", "filt", "sum")
+    assert plain.merged == () and plain.chained(nodes) == ("other", "bias", "late", "s", "filt", "sum")
 
 
 def test_a_pad_fused_into_its_convolution_leads_on_through_the_convolution_only():

@@ -139,7 +139,7 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
     if problem:
         return MeasureResult(status="error", reason=problem)
     import lms
-    from lms.tf.measure import measure_step
+    from lms.tf.measure import device_batch, measure_step
     from lms.tf.train import make_train_step
 
     device = backend.tf_device
@@ -155,9 +155,7 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
     timings: dict[int, Any] = {}
 
     def run(batch: int, *, warmup: int, steps: int) -> Any:
-        x, y = workload.make_batch(batch, seed)
-        with tf.device(device):
-            data = (tf.convert_to_tensor(x), tf.convert_to_tensor(y))
+        data = device_batch(workload.make_batch(batch, seed), device)  # one copy in the device's memory
         return measure_step(fn, [data], warmup=warmup, steps=steps, device=device,
                             executor=backend.executor)
 

@@ -22,6 +22,16 @@ legacy random op whose kernel keeps its own seed state, a Python callback, a
 dataset iterator) is not pinned whole (`unpinnable_reason`), nor is a step on
 several devices or with control flow. Those steps keep the partial pins.
 
+What the dry runs leave behind is the same in every process, so TF's allocator
+reports the same peak for the same step in each (to the byte): dry run 1 (the
+unpinned step, whose own op order differs between processes) runs on TF's
+default executor, whose kernels -- and the constants they allocate, which live
+as long as TF caches that instantiation -- are made in the graph's node order;
+each dry run gets its own stand-ins, freed right after it, so nothing it placed
+in the allocator is where the rebuild's constants go; and every constant of the
+rebuilt graph is on the chain (`lms.exact`), so its kernels are made in one order.
+The batch must be in TF's allocator too (`lms.tf.measure.device_batch`).
+
 Why the result trains bit for bit like plain ``tf.function``: the rebuilt
 function is TF's own optimized graph of the step, node for node; Grappler does
 not run on it again; oneDNN's layout pass, which still does, is checked to map
@@ -32,6 +42,7 @@ the order differs, and on CPU a kernel's result does not depend on when it runs.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 import time
@@ -195,6 +206,28 @@ def grappler_off() -> Iterator[None]:
         options.config_proto_serialized = config_pb2.ConfigProto.FromString(before) if before else None
 
 
+@contextlib.contextmanager
+def _default_executor() -> Iterator[None]:
+    """This thread's function calls on TF's default executor (the caller may have chosen another).
+
+    Dry run 1 instantiates the original step, unpinned, and that instantiation lives
+    on (TF caches it) with the constants its kernels allocated. The default executor
+    creates its kernels in the graph's node order, the same in every process; the
+    single-threaded one walks edge sets kept in pointer order, and its constants
+    land in another place in TF's allocator in each process, which moves every
+    later buffer (and the peak) by a few percent.
+    """
+    from tensorflow.python.eager import context
+
+    options = context.context().function_call_options
+    before = options.executor_type
+    options.executor_type = None
+    try:
+        yield
+    finally:
+        options.executor_type = before
+
+
 def build_exact_step(concrete_fn: Any, flat_args: Sequence[Any], schedule_order: Sequence[str], *,
                      name: str = "step") -> ExactStep:
     """Capture `concrete_fn`'s optimized graph, chain it in `schedule_order`, rebuild it, check its kernels.
@@ -213,9 +246,14 @@ def build_exact_step(concrete_fn: Any, flat_args: Sequence[Any], schedule_order:
     if reason:
         raise ExactUnavailable(reason)
     small = _one_sample(concrete_fn, flat_args)
+    # Each dry run gets its own stand-ins, freed right after it: what dry run 1 (unpinned: its order differs
+    # between processes) leaves in TF's allocator must not be where the rebuild's kernels place their
+    # constants, or those land elsewhere in each process and move every later buffer.
     stand_ins, keep = _stand_in_captures(concrete_fn)
     t0 = time.perf_counter()
-    captured = _capture(lambda: concrete_fn._call_flat(small, captured_inputs=stand_ins), concrete_fn)  # noqa: SLF001
+    with _default_executor():
+        captured = _capture(lambda: concrete_fn._call_flat(small, captured_inputs=stand_ins),  # noqa: SLF001
+                            concrete_fn)
     nodes = graph_nodes(captured.optimized)
     devices = {tf.DeviceSpec.from_string(n.device).device_type or "" for n in captured.optimized.node if n.device}
     if len({n.device for n in captured.optimized.node if n.device}) > 1 or devices - {"CPU"}:
@@ -225,12 +263,16 @@ def build_exact_step(concrete_fn: Any, flat_args: Sequence[Any], schedule_order:
         chain = exact_order(nodes, schedule_order, onednn=_onednn_enabled())
     except ExactOrderError as exc:
         raise ExactUnavailable(str(exc)) from None
+    del stand_ins, keep
+    gc.collect()
     t1 = time.perf_counter()
     function = _rebuild(captured.optimized, concrete_fn, chain)
     t2 = time.perf_counter()
+    stand_ins, keep = _stand_in_captures(concrete_fn)
     rebuilt = _capture(lambda: _call_dry(function, small, stand_ins), None)
+    del stand_ins, keep
+    gc.collect()
     t3 = time.perf_counter()
-    del keep
     before, after = _kernels(captured.partitions), _kernels(rebuilt.partitions)
     if before != after:
         diff = sorted(f"{n}: {before.get(n)} -> {after.get(n)}" for n in set(before) | set(after)

@@ -36,7 +36,7 @@ from lms.nvml import NvmlReading, NvmlSampler, nvml_available
 
 __all__ = [
     "BFC_ENV", "GROWTH_ENV", "StepMeasurement", "configure_cpu_allocator",
-    "configure_gpu_memory_growth", "cpu_allocator_is_bfc", "default_device", "measure_step",
+    "configure_gpu_memory_growth", "cpu_allocator_is_bfc", "default_device", "device_batch", "measure_step",
 ]
 
 log = logging.getLogger(__name__)
@@ -275,7 +275,10 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
         batches: one batch used for every step (a tuple of arguments, a dict,
             or a single tensor/array), or a list (any sequence) of batches used
             in turn, cycling, or an iterator, consumed (``warmup + steps``
-            batches). Fetching a batch is not timed.
+            batches). Fetching a batch is not timed. Numpy arrays are put
+            in the device's memory first (`device_batch`: on CPU one copy in
+            TF's allocator, the same in every process); tensors are used as
+            they are.
         warmup: untimed steps first (>= 1 advised: the first includes tracing).
         steps: timed steps (>= 1).
         device: TF device whose allocator to read; default `default_device()`.
@@ -290,15 +293,17 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
             warm-up included (a function is instantiated for an executor on its
             first call under it). It runs the ops in one order, fixed when
             the function is instantiated, so every step makes the same
-            allocations and the peak repeats, up to the BFC allocator's
-            chunks (in about one process in five a step peaks a chunk
-            higher, or the peak alternates between two values)
-            (the default executor's order depends on timing: peaks of one
-            emulated-swap step spread by up to ~50% across processes). Across
-            processes the order can still differ for some graphs (TF keeps
-            some edges in hash sets). `lms.simulate` models it with
-            ``order="single_threaded"``. Functions with control flow
-            (``tf.cond`` / ``tf.while_loop`` kernels) cannot run under it.
+            allocations (the default executor's order depends on timing:
+            peaks of one emulated-swap step spread by up to ~50% across
+            processes). Across processes that order can still differ (TF
+            keeps edges in pointer-ordered sets), unless the step is pinned
+            whole (`lms.function` with ``schedule="memory"`` on one CPU
+            device): then every process makes the same allocations in the
+            same order from its start, and TF's allocator reports the same
+            peak for the same step (measured: to the byte, for every zoo
+            model). `lms.simulate` models it with ``order="single_threaded"``.
+            Functions with control flow (``tf.cond`` / ``tf.while_loop``
+            kernels) cannot run under it.
         live: also run one more step under TF's profiler and report the
             requested bytes its tensors held at most (`live_peak_bytes`,
             `lms.tf.live`): what the step's order makes live, without the
@@ -335,7 +340,13 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
     if on_gpu and sampler is not None and not _gpu_growth_enabled(tf, int(index)):
         log.warning("GPU memory growth is off: NVML's figures show TF's whole pool, not the "
                     "model (lms.tf.measure.configure_gpu_memory_growth())")
-    next_batch = _batch_source(batches, needed=warmup + steps)
+    if _single_batch(batches) and _has_arrays(batches):
+        batches = device_batch(batches, device)  # counted once, in every process alike
+    source = _batch_source(batches, needed=warmup + steps)
+
+    def next_batch() -> Any:
+        batch = source()
+        return device_batch(batch, device) if _has_arrays(batch) else batch
 
     if warmup == 0:
         log.warning("warmup=0: the first timed step includes tracing and graph optimisation")
@@ -396,6 +407,48 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
     return measurement
 
 
+def device_batch(batch: Any, device: str | None = None) -> Any:
+    """`batch` (a tensor or array, or a tuple/list/dict of them) as tensors in `device`'s memory, each held once.
+
+    On a GPU each array is copied into the GPU's memory, where the step reads it.
+    On CPU, `tf.convert_to_tensor` of a numpy array *wraps* the array's memory
+    (outside TF's allocator) when its data happens to be aligned and copies it
+    into the allocator when not: the same batch then counts in one process's
+    peak and not in the next one's, and where the allocator puts it moves every
+    later buffer. Here each array is first put in aligned memory (so TF wraps it:
+    no allocation) and then copied once into TF's allocator, which owns it from
+    then on, as a GPU owns its input batch. Tensors already on the device are kept
+    as they are; other leaves (Python numbers, strings) pass through.
+
+    `measure_step` applies this to the numpy arrays of the batches it is given;
+    build a batch of tensors with it to hold one yourself.
+    """
+    import tensorflow as tf
+
+    from .emulate import aligned_empty
+
+    device = _normalise_device(device or default_device())
+    on_cpu = device.startswith("CPU:")
+
+    def one(leaf: Any) -> Any:
+        if isinstance(leaf, tf.Tensor):
+            if not on_cpu and not leaf.device.upper().endswith(device):
+                with tf.device(device):
+                    return tf.identity(leaf)
+            return leaf
+        if not isinstance(leaf, np.ndarray) or leaf.dtype.kind not in "biuf":
+            return leaf
+        if not on_cpu:
+            with tf.device(device):
+                return tf.identity(tf.convert_to_tensor(leaf))
+        aligned = aligned_empty(leaf.shape, leaf.dtype)
+        aligned[...] = leaf
+        with tf.device(device):
+            return tf.raw_ops.DeepCopy(x=tf.convert_to_tensor(aligned))
+
+    return tf.nest.map_structure(one, batch)
+
+
 # --- helpers ----------------------------------------------------------------------------
 
 def _normalise_device(device: str) -> str:
@@ -431,8 +484,18 @@ def _make_sampler(nvml: bool | NvmlSampler | None, *, on_gpu: bool,
     return NvmlSampler(position=position)
 
 
+def _single_batch(batches: Any) -> bool:
+    return isinstance(batches, (tuple, Mapping)) or hasattr(batches, "shape")
+
+
+def _has_arrays(batch: Any) -> bool:
+    import tensorflow as tf
+
+    return any(isinstance(leaf, np.ndarray) for leaf in tf.nest.flatten(batch))
+
+
 def _batch_source(batches: Any, *, needed: int) -> Callable[[], Any]:
-    if isinstance(batches, (tuple, Mapping)) or hasattr(batches, "shape"):
+    if _single_batch(batches):
         return lambda: batches  # one batch: a tuple of args, a dict, or one tensor/array
     if isinstance(batches, Sequence) and not isinstance(batches, (str, bytes)):
         if not batches:

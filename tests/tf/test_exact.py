@@ -166,22 +166,25 @@ w = load_workload("residual")
 step = lms.function(make_train_step(w.build_model(), w.loss_fn, w.make_optimizer()),
                     config=lms.LMSConfig(n_tensors=-1, lb=2, schedule="memory"), emulate=True,
                     input_signature=[w.x_spec(), w.y_spec()], autograph=False)
-x, y = (tf.constant(a) for a in w.make_batch(8, 0))
+from lms.tf.measure import device_batch, measure_step
+x, y = device_batch(w.make_batch(8, 0), "CPU:0")
+m = measure_step(step, (x, y), warmup=2, steps=3, device="CPU:0", executor="single_threaded")
 with tf.experimental.function_executor_type("SINGLE_THREADED_EXECUTOR"):
-    step(x, y); step(x, y)
     logdir = tempfile.mkdtemp()
     tf.profiler.experimental.start(logdir)
     step(x, y).numpy()
     tf.profiler.experimental.stop()
 from lms.tf.live import allocation_events
 events = allocation_events(logdir)
-print(json.dumps({"whole": step.pinned_whole is not None, "sizes": [s for _, s in events if s > 0]}))
+print(json.dumps({"whole": step.pinned_whole is not None, "sizes": [s for _, s in events if s > 0],
+                  "peaks": list(m.step_peaks_bytes)}))
 """
 
 
 @pytest.mark.slow
-def test_the_executed_allocation_sequence_is_the_same_in_every_process():
-    """Pinned whole, the ops run in one order: TF's allocator sees the same requests in every process."""
+def test_the_executed_allocation_sequence_and_the_peak_are_the_same_in_every_process():
+    """Pinned whole, the ops run in one order: TF's allocator sees the same requests in every process, and
+    (the batch in its memory, the dry runs leaving nothing where they ran) reports the same peak per step."""
     env = dict(os.environ, LMS_ROOT=str(ROOT), TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="2",
                CUDA_VISIBLE_DEVICES="")
     runs = []
@@ -192,3 +195,4 @@ def test_the_executed_allocation_sequence_is_the_same_in_every_process():
     assert all(r["whole"] for r in runs)
     assert len(runs[0]["sizes"]) > 50
     assert runs[0]["sizes"] == runs[1]["sizes"] == runs[2]["sizes"]
+    assert runs[0]["peaks"] == runs[1]["peaks"] == runs[2]["peaks"]  # to the byte

@@ -23,7 +23,7 @@ import pytest
 from lms import hostmem
 from lms.tf.measure import (
     BFC_ENV, GROWTH_ENV, _normalise_device, configure_cpu_allocator,
-    configure_gpu_memory_growth, cpu_allocator_is_bfc, default_device, measure_step,
+    configure_gpu_memory_growth, cpu_allocator_is_bfc, default_device, device_batch, measure_step,
 )
 
 configure_cpu_allocator()
@@ -178,6 +178,35 @@ def test_batches_sequence_iterator_and_single_tensor() -> None:
     seen.clear()
     m = measure_step(step, tf.fill([5, 1], 7.0), warmup=1, steps=1)  # one tensor: step(batch)
     assert seen == [7, 7] and m.batch_size == 5
+
+
+def test_device_batch_puts_every_array_in_tfs_allocator_once() -> None:
+    """TF wraps an aligned numpy array without copying (outside its allocator) and copies an unaligned one
+    in: a batch would count in one process's peak and not in another's. `device_batch` always copies it in."""
+    from lms.tf.emulate import aligned_empty
+
+    aligned = aligned_empty((256, 256), np.float32)
+    aligned[...] = np.arange(256 * 256, dtype=np.float32).reshape(256, 256)
+    raw = np.empty(aligned.nbytes + 128, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % 64 + 4  # 4 bytes past a 64-byte boundary
+    unaligned = raw[offset:offset + aligned.nbytes].view(np.float32).reshape(256, 256)
+    unaligned[...] = aligned
+    assert unaligned.ctypes.data % 64 != 0
+    labels = np.arange(256, dtype=np.int32)
+    for array in (aligned, unaligned):
+        gc_before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        x, y, n = device_batch((array, labels, 3), "CPU:0")
+        grown = tf.config.experimental.get_memory_info("CPU:0")["current"] - gc_before
+        assert grown >= array.nbytes + labels.nbytes  # both copies are TF's, whatever the alignment
+        assert grown < array.nbytes + labels.nbytes + 4 * KIB  # and nothing else is left behind
+        np.testing.assert_array_equal(x.numpy(), array)
+        assert x.dtype == tf.float32 and y.dtype == tf.int32 and n == 3
+        array[0, 0] = -1.0  # the tensor is a copy: the caller's array is free to change
+        assert float(x[0, 0]) == 0.0
+        array[0, 0] = 0.0
+        del x, y
+    t = tf.constant([1.0])
+    assert device_batch({"t": t}, "CPU:0")["t"] is t  # tensors already on the device are kept
 
 
 def test_single_threaded_executor_repeats_its_peak_up_to_the_allocators_chunks() -> None:
