@@ -206,28 +206,6 @@ def grappler_off() -> Iterator[None]:
         options.config_proto_serialized = config_pb2.ConfigProto.FromString(before) if before else None
 
 
-@contextlib.contextmanager
-def _default_executor() -> Iterator[None]:
-    """This thread's function calls on TF's default executor (the caller may have chosen another).
-
-    Dry run 1 instantiates the original step, unpinned, and that instantiation lives
-    on (TF caches it) with the constants its kernels allocated. The default executor
-    creates its kernels in the graph's node order, the same in every process; the
-    single-threaded one walks edge sets kept in pointer order, and its constants
-    land in another place in TF's allocator in each process, which moves every
-    later buffer (and the peak) by a few percent.
-    """
-    from tensorflow.python.eager import context
-
-    options = context.context().function_call_options
-    before = options.executor_type
-    options.executor_type = None
-    try:
-        yield
-    finally:
-        options.executor_type = before
-
-
 def build_exact_step(concrete_fn: Any, flat_args: Sequence[Any], schedule_order: Sequence[str], *,
                      name: str = "step") -> ExactStep:
     """Capture `concrete_fn`'s optimized graph, chain it in `schedule_order`, rebuild it, check its kernels.
@@ -251,7 +229,11 @@ def build_exact_step(concrete_fn: Any, flat_args: Sequence[Any], schedule_order:
     # constants, or those land elsewhere in each process and move every later buffer.
     stand_ins, keep = _stand_in_captures(concrete_fn)
     t0 = time.perf_counter()
-    with _default_executor():
+    # Dry run 1 instantiates the unpinned step, and TF keeps that instantiation with the constants its
+    # kernels allocated. On TF's default executor the kernels are made in the graph's node order, the same
+    # in every process; the caller's single-threaded executor walks pointer-ordered edge sets, and its
+    # constants would land elsewhere in TF's allocator in each process, moving every later buffer.
+    with tf.experimental.function_executor_type(None):
         captured = _capture(lambda: concrete_fn._call_flat(small, captured_inputs=stand_ins),  # noqa: SLF001
                             concrete_fn)
     nodes = graph_nodes(captured.optimized)
