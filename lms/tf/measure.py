@@ -411,21 +411,22 @@ def device_batch(batch: Any, device: str | None = None) -> Any:
     """`batch` (a tensor or array, or a tuple/list/dict of them) as tensors in `device`'s memory, each held once.
 
     On a GPU each array is copied into the GPU's memory, where the step reads it.
-    On CPU, `tf.convert_to_tensor` of a numpy array *wraps* the array's memory
-    (outside TF's allocator) when its data happens to be aligned and copies it
-    into the allocator when not: the same batch then counts in one process's
-    peak and not in the next one's, and where the allocator puts it moves every
-    later buffer. Here each array is first put in aligned memory (so TF wraps it:
-    no allocation) and then copied once into TF's allocator, which owns it from
-    then on, as a GPU owns its input batch. Tensors already on the device are kept
-    as they are; other leaves (Python numbers, strings) pass through.
+    On CPU, `tf.convert_to_tensor` of a numpy array first copies the array into
+    fresh host memory and then wraps that copy when its data pointer happens to
+    be aligned and copies it once more, into TF's allocator, when not: the same
+    batch counts in one process's peak and not in the next one's, and where the
+    allocator puts it moves every later buffer. (Aligning the array beforehand
+    does not help: it is the hidden copy whose alignment decides.) Here each
+    array's bytes go in as one string tensor, held outside TF's allocator, and
+    `DecodeRaw` writes the values into one buffer of TF's allocator, which owns
+    it from then on, as a GPU owns its input batch. Tensors already on the
+    device are kept as they are; other leaves (Python numbers, strings) pass
+    through.
 
     `measure_step` applies this to the numpy arrays of the batches it is given;
     build a batch of tensors with it to hold one yourself.
     """
     import tensorflow as tf
-
-    from .emulate import aligned_empty
 
     device = _normalise_device(device or default_device())
     on_cpu = device.startswith("CPU:")
@@ -441,10 +442,10 @@ def device_batch(batch: Any, device: str | None = None) -> Any:
         if not on_cpu:
             with tf.device(device):
                 return tf.identity(tf.convert_to_tensor(leaf))
-        aligned = aligned_empty(leaf.shape, leaf.dtype)
-        aligned[...] = leaf
+        native = np.ascontiguousarray(leaf, dtype=leaf.dtype.newbyteorder("="))
         with tf.device(device):
-            return tf.raw_ops.DeepCopy(x=tf.convert_to_tensor(aligned))
+            flat = tf.io.decode_raw(native.tobytes(), tf.as_dtype(native.dtype))
+            return tf.reshape(flat, native.shape)  # a view of DecodeRaw's buffer: no copy
 
     return tf.nest.map_structure(one, batch)
 

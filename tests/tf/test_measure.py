@@ -181,30 +181,37 @@ def test_batches_sequence_iterator_and_single_tensor() -> None:
 
 
 def test_device_batch_puts_every_array_in_tfs_allocator_once() -> None:
-    """TF wraps an aligned numpy array without copying (outside its allocator) and copies an unaligned one
-    in: a batch would count in one process's peak and not in another's. `device_batch` always copies it in."""
-    from lms.tf.emulate import aligned_empty
+    """`tf.convert_to_tensor(array)` copies the array into fresh host memory and wraps that copy when it
+    happens to be aligned, copying it into TF's allocator when not: a batch would count in one process's
+    peak and not in another's. `device_batch` puts each array in TF's allocator exactly once, every time."""
+    def rounded(nbytes: int) -> int:  # the BFC allocator hands out multiples of 256 bytes
+        return -(-nbytes // 256) * 256
 
-    aligned = aligned_empty((256, 256), np.float32)
-    aligned[...] = np.arange(256 * 256, dtype=np.float32).reshape(256, 256)
-    raw = np.empty(aligned.nbytes + 128, dtype=np.uint8)
-    offset = (-raw.ctypes.data) % 64 + 4  # 4 bytes past a 64-byte boundary
-    unaligned = raw[offset:offset + aligned.nbytes].view(np.float32).reshape(256, 256)
-    unaligned[...] = aligned
-    assert unaligned.ctypes.data % 64 != 0
-    labels = np.arange(256, dtype=np.int32)
-    for array in (aligned, unaligned):
-        gc_before = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        x, y, n = device_batch((array, labels, 3), "CPU:0")
-        grown = tf.config.experimental.get_memory_info("CPU:0")["current"] - gc_before
-        assert grown >= array.nbytes + labels.nbytes  # both copies are TF's, whatever the alignment
-        assert grown < array.nbytes + labels.nbytes + 4 * KIB  # and nothing else is left behind
-        np.testing.assert_array_equal(x.numpy(), array)
-        assert x.dtype == tf.float32 and y.dtype == tf.int32 and n == 3
-        array[0, 0] = -1.0  # the tensor is a copy: the caller's array is free to change
-        assert float(x[0, 0]) == 0.0
-        array[0, 0] = 0.0
-        del x, y
+    rng = np.random.default_rng(0)
+    kept = []
+    for rows in (1, 3, 64, 256, 1000):  # fresh arrays: their data pointers land wherever malloc puts them
+        for _ in range(4):
+            array = rng.standard_normal((rows, 7)).astype(np.float32)
+            labels = rng.integers(0, 10, size=rows).astype(np.int32)
+            before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+            x, y, n = device_batch((array, labels, 3), "CPU:0")
+            grown = tf.config.experimental.get_memory_info("CPU:0")["current"] - before
+            assert grown == rounded(array.nbytes) + rounded(labels.nbytes), (rows, grown)
+            np.testing.assert_array_equal(x.numpy(), array)
+            np.testing.assert_array_equal(y.numpy(), labels)
+            assert x.shape == (rows, 7) and x.dtype == tf.float32 and y.dtype == tf.int32 and n == 3
+            array[0, 0] = 1e6  # the tensor is a copy: the caller's array is free to change
+            assert float(x[0, 0]) != 1e6
+            kept.append((x, y))  # keep them, so that no earlier buffer is freed inside a later measurement
+    for dtype in (np.float64, np.int64, np.uint8, np.bool_, np.float16):
+        array = (rng.standard_normal((2, 3, 5)) > 0).astype(dtype)
+        got = device_batch(array, "CPU:0")
+        assert got.dtype == tf.as_dtype(dtype) and got.shape == (2, 3, 5)
+        np.testing.assert_array_equal(got.numpy(), array)
+    swapped = np.arange(6, dtype=">i4").reshape(2, 3)  # a big-endian array keeps its values
+    np.testing.assert_array_equal(device_batch(swapped, "CPU:0").numpy(), swapped)
+    np.testing.assert_array_equal(device_batch(np.array(2.5, np.float32), "CPU:0").numpy(), 2.5)  # a 0-d array
+    assert device_batch(np.zeros((0, 4), np.float32), "CPU:0").shape == (0, 4)
     t = tf.constant([1.0])
     assert device_batch({"t": t}, "CPU:0")["t"] is t  # tensors already on the device are kept
 
