@@ -300,8 +300,9 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
             whole (`lms.function` with ``schedule="memory"`` on one CPU
             device): then every process makes the same allocations in the
             same order, and TF's allocator reports the same peak for the
-            same step (measured: to the byte in every process for two zoo
-            models, in one of two states for the other four). `lms.simulate` models it with ``order="single_threaded"``.
+            same step (measured: to the byte in every process, for every
+            zoo model). `lms.simulate` models it with
+            ``order="single_threaded"``.
             Functions with control flow (``tf.cond`` / ``tf.while_loop``
             kernels) cannot run under it.
         live: also run one more step under TF's profiler and report the
