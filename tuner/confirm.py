@@ -10,8 +10,12 @@ one chain through every op of TF's optimized graph; since then that config
 measured 148 in each of three processes). What still moves: the no-LMS
 baseline and ``schedule="tf"`` configs run in TF's order, a step that cannot be
 pinned whole keeps the partial pins, GPUs pin in part, and TF's allocator peak
-depends on its history (a few % on ResNet-50). A batch seen to fit in one
-process can fail in the user's.
+depends on the process's history (a few % on ResNet-50): `AssignVariableOp`
+hands each assigned variable (e.g. Keras's SGD momentum) the buffer its new
+value was computed in, so the state that outlives a step moves, and a batch
+probed after other batches peaks elsewhere than in a fresh process (batch 170
+of ResNet-50 64x64: 557.3 vs 538.3 MiB after two probe paths). A batch seen to
+fit in one process can fail in the user's.
 
 So after the trials, the config the search would recommend and the no-LMS
 baseline (the other side of the "x times larger batch" ratio) are measured
