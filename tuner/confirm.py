@@ -12,9 +12,9 @@ baseline and ``schedule="tf"`` configs run in TF's order, a step that cannot be
 pinned whole keeps the partial pins, GPUs pin in part, and TF's allocator peak
 depends on the process's history (a few % on ResNet-50): `AssignVariableOp`
 hands each assigned variable (e.g. Keras's SGD momentum) the buffer its new
-value was computed in, so the state that outlives a step moves, and a batch
-probed after other batches peaks elsewhere than in a fresh process (batch 170
-of ResNet-50 64x64: 557.3 vs 538.3 MiB after two probe paths). A batch seen to
+value was computed in, so the state that outlives a step moves, and a batch's
+peak depends on the batches probed before it in the process (batch 170 of
+ResNet-50 64x64: 557.3 vs 538.3 MiB after two probe paths). A batch seen to
 fit in one process can fail in the user's.
 
 So after the trials, the config the search would recommend and the no-LMS
