@@ -69,9 +69,9 @@ def one_run(tag: str, extra: list[str]) -> dict[str, Any]:
                                     "branch_threshold", "schedule", "sync_mode", "recompute", "prefetch")
                 if k in cfg},
         batch=doc["batch_size"], throughput=round(doc["throughput"], 1),
-        process_batches=(doc.get("confirmation") or {}).get("batch_sizes"),
+        process_batches=(doc.get("confirmation") or {}).get("tried"),
         baseline_batch=base.get("batch_size"), baseline_throughput=round(base.get("throughput") or 0.0, 1),
-        baseline_process_batches=(base.get("confirmation") or {}).get("batch_sizes"),
+        baseline_process_batches=(base.get("confirmation") or {}).get("tried"),
         batch_ratio=(doc.get("gain_vs_baseline") or {}).get("batch_size_ratio"),
         throughput_ratio=(doc.get("gain_vs_baseline") or {}).get("throughput_ratio"),
         budget_bytes=doc["budget_bytes"], trial=doc["trial"])

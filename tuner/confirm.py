@@ -1,41 +1,44 @@
-"""Measure the recommendation again in fresh processes, and recommend what fitted in every one of them.
+"""Measure the recommendation again in fresh processes, one batch per process, and recommend what fits there.
 
-TensorFlow's executor runs the ops no edge orders in an order that follows where
-the graph's edges happen to sit in memory, and that differs from process to
-process (on CPU oneDNN's layout pass rebuilds nodes too). The same config's
-peak, and so its largest batch, moved between processes: on the emulated device
-``n_tensors=-1, lb=1, schedule="memory"`` measured 136 in one fresh process and
-188 in another (issue 14), before such steps were pinned whole (`lms.tf.exact`:
-one chain through every op of TF's optimized graph; since then that config
-measured 148 in each of three processes). What still moves: the no-LMS
-baseline and ``schedule="tf"`` configs run in TF's order, a step that cannot be
-pinned whole keeps the partial pins, GPUs pin in part, and TF's allocator peak
-depends on the process's history (a few % on ResNet-50): `AssignVariableOp`
-hands each assigned variable (e.g. Keras's SGD momentum) the buffer its new
-value was computed in, so the state that outlives a step moves, and a batch's
-peak depends on the batches probed before it in the process (batch 170 of
-ResNet-50 64x64: 557.3 vs 538.3 MiB after two probe paths). A batch seen to
-fit in one process can fail in the user's.
+A batch's peak depends on the process it runs in. TensorFlow's executor runs
+the ops no edge orders in an order that differs from process to process (the
+no-LMS baseline and ``schedule="tf"`` configs; a memory-scheduled step is
+pinned whole, `lms.tf.exact`, and repeats to the byte), and TF's allocator
+peak depends on the process's history: `AssignVariableOp` hands each assigned
+variable (e.g. Keras's SGD momentum) the buffer its new value was computed in,
+so the state that outlives a step moves, and a batch's peak depends on the
+batches probed before it (ResNet-50 64x64, ``n_tensors=-1, lb=1,
+schedule="memory"``: batch 170 peaked at 557.3 MiB after a probe at 137 and at
+538.3 MiB after one at 160). A trial's batch search probes several batches in
+one process, so its largest batch depends on where it started (the same config
+measured 157, 160 and 166 in three searches whose first probes differed).
 
-So after the trials, the config the search would recommend and the no-LMS
+The user's training run is a fresh process whose first step is at its batch.
+So after the trials the config the search would recommend and the no-LMS
 baseline (the other side of the "x times larger batch" ratio) are measured
-again in `SearchSettings.confirm` more fresh worker processes
-(``--confirm N``), each searching down from the batch its trial found, never
-above it; the recommendation reports the smallest largest batch (with that
-process's throughput and peak) and lists every process's figures. Only the
-largest-batch goal is confirmed (at ``--batch N`` a trial is one timed run).
+that way: each fresh worker process runs one batch, from its first step (the
+warm-up and timed steps of ``--batch N``'s single run), and the batches are
+bracketed from the trial's (`next_batch`: up or down by the peak's distance
+to the budget, then between the largest batch that fitted and the smallest
+that did not) until the two are 1 apart and the largest batch that fitted has
+fitted in ``--confirm N`` processes. That batch is recommended, with the figures
+of its slowest process; a process that did not fit a batch seen to fit before
+makes the bracket go on below it. What is recommended no longer depends on
+the trial's probe path (memory-scheduled configs: the same batch every run).
+Only the largest-batch goal is confirmed (at ``--batch N`` a trial is one such run).
 
 The runs are stored on the study (user attr ``"confirmations"``: trial number
--> runs), so a resumed search does not measure them again and ``tuner best``
-shows them. No TensorFlow here: the runs are `tuner.trial` workers.
+-> runs), so a resumed search goes on from them and ``tuner best`` shows them.
+No TensorFlow here: the runs are `tuner.trial` workers.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .budget import format_bytes
 from .protocol import MeasureRequest
@@ -44,22 +47,92 @@ from .worker import run_worker
 if TYPE_CHECKING:
     from .backends.base import Backend, SearchRun
 
-__all__ = ["CONFIRMATIONS_ATTR", "confirm_recommendation", "confirmed_figures"]
+__all__ = ["CONFIRMATIONS_ATTR", "METHOD", "confirm_recommendation", "confirmed_figures", "next_batch"]
 
 log = logging.getLogger(__name__)
 
 CONFIRMATIONS_ATTR = "confirmations"
+#: How the stored runs were made: one batch per fresh process (older studies stored down-searches; those are
+#: measured again this way).
+METHOD = "fresh-process-per-batch"
+#: Fresh processes per confirmed trial beyond the ``--confirm`` repeats (the bracket usually closes in 3-5).
+EXTRA_PROCESSES = 8
 #: What a confirmed figure is, in words (recommended.json's ``confirmation.rule``).
-RULE = ("the smallest largest batch of {n} fresh processes (TensorFlow orders the ops no edge orders "
-        "differently in each process, so one config's peak varies), with that process's throughput and peak")
+RULE = ("the largest batch that fitted the budget as the first batch of a fresh process, in each of the {n} fresh "
+        "processes that ran it, with the next batch up seen not to fit (one batch per process: a batch's peak "
+        "depends on the batches run before it in a process); the figures are its slowest process's")
+
+_VERDICT = {"ok": True, "infeasible": False, "oom": False}
+
+
+def next_batch(runs: Sequence[Mapping[str, Any]], *, start: int, repeats: int, cap: int, usable: int,
+               slope: float | None, max_processes: int) -> int | None:
+    """The batch the next fresh process should run, or None: the bracket is closed (or the processes spent).
+
+    `runs`: the processes so far (``batch``, ``status``, ``peak_device_bytes``); a status of ``ok`` fits,
+    ``infeasible`` / ``oom`` does not, any other (killed, timed out) gives no verdict. A batch fits when
+    every process that ran it fitted. The bracket: ``hi``, the smallest batch that did not fit, and ``lo``,
+    the largest below it that did. Growing (nothing failed yet) steps by the headroom's worth of samples at
+    `slope` (measured between two batches that fitted, when they are 5% apart), plus one (at most +25%);
+    shrinking by the excess's worth (the same way; at most -50%); inside the bracket, the batch at
+    which the two peaks' line meets `usable`, kept in the bracket's middle half (so it shrinks each time).
+    Closed: ``hi == lo + 1`` (or ``lo == cap``, or ``hi == 1``), then ``lo`` until it fitted `repeats` times.
+
+        >>> r = [{"batch": 100, "status": "ok", "peak_device_bytes": 90}]
+        >>> next_batch(r, start=100, repeats=1, cap=500, usable=100, slope=1.0, max_processes=9)
+        111
+    """
+    if len(runs) >= max_processes:
+        return None
+    verdicts: dict[int, list[bool]] = {}
+    peaks: dict[int, int] = {}
+    for r in runs:
+        ok = _VERDICT.get(str(r.get("status")))
+        if ok is None:
+            continue
+        b = int(r["batch"])
+        verdicts.setdefault(b, []).append(ok)
+        if r.get("peak_device_bytes"):
+            peaks[b] = max(peaks.get(b, 0), int(r["peak_device_bytes"]))
+    if not verdicts:
+        return min(max(1, int(start)), cap)
+    failed = [b for b, v in verdicts.items() if not all(v)]
+    hi = min(failed) if failed else None
+    fitted = [b for b, v in verdicts.items() if all(v) and (hi is None or b < hi)]
+    lo = max(fitted) if fitted else None
+    if lo is None:  # shrink: nothing fitted yet
+        assert hi is not None
+        if hi <= 1:
+            return None
+        above = [b for b in failed if b in peaks and b >= 1.05 * hi]
+        if hi in peaks and above and peaks[min(above)] > peaks[hi]:  # the measured slope, as when growing
+            slope = (peaks[min(above)] - peaks[hi]) / (min(above) - hi)
+        step = (math.ceil((peaks[hi] - usable) / slope) if slope and hi in peaks and peaks[hi] > usable
+                else math.ceil(hi / 8))
+        return max(1, hi - max(1, min(step, hi // 2)))
+    if hi is None and lo < cap:  # grow: nothing failed yet; aim just past where the peak meets `usable`
+        below = [b for b in fitted if b in peaks and b <= 0.95 * lo]
+        if lo in peaks and below and peaks[lo] > peaks[min(below)]:  # the measured slope, when far enough apart
+            slope = (peaks[lo] - peaks[min(below)]) / (lo - min(below))
+        step = (round((usable - peaks[lo]) / slope) + 1 if slope and lo in peaks and peaks[lo] <= usable
+                else math.ceil(lo / 8))
+        return min(cap, lo + max(1, min(step, math.ceil(lo / 4))))
+    if hi is not None and hi - lo > 1:  # inside the bracket
+        if lo in peaks and hi in peaks and peaks[hi] > peaks[lo]:
+            guess = lo + math.floor((usable - peaks[lo]) * (hi - lo) / (peaks[hi] - peaks[lo]))
+        else:
+            guess = (lo + hi) // 2
+        margin = max(1, (hi - lo) // 4)
+        return min(hi - margin, max(lo + margin, guess))
+    return lo if len(verdicts[lo]) < repeats else None
 
 
 def confirm_recommendation(run: "SearchRun", backend: "Backend", *, gpu: str | None,
                            measure: Callable[..., Any] = run_worker) -> list[str]:
     """Measure the would-be recommendation and the baseline again (see the module docstring); returns notes.
 
-    Runs until each has ``run.settings.confirm`` re-measurements stored, the
-    deadline passes (then a note says so), or the search is interrupted.
+    Runs until each one's bracket is closed (`next_batch`), the deadline passes
+    (then a note says so), or the search is interrupted.
     """
     from .outputs import baseline_trial, select_recommendation
 
@@ -77,46 +150,53 @@ def confirm_recommendation(run: "SearchRun", backend: "Backend", *, gpu: str | N
         todo.append(base)
     notes: list[str] = []
     for t in todo:
-        runs = list(_stored(run.main).get(str(t.number), {}).get("runs") or [])
-        for k in range(len(runs) + 1, s.confirm + 1):
-            if run.deadline is not None and time.monotonic() >= run.deadline:
-                notes.append(f"trial {t.number} was measured in {len(runs) + 1} of {s.confirm + 1} processes: "
-                             "the time limit (--timeout) was reached; resume the search to measure the rest")
-                return notes
-            outcome = _measure_again(run, backend, t, k, gpu=gpu, measure=measure)
-            if outcome is None:  # stopped at the deadline while it ran
-                notes.append(f"trial {t.number} was measured in {len(runs) + 1} of {s.confirm + 1} processes: "
-                             "the time limit (--timeout) was reached; resume the search to measure the rest")
+        entry = _stored(run.main).get(str(t.number)) or {}
+        runs = list(entry.get("runs") or []) if entry.get("method") == METHOD else []
+        pred = run.predict(_config(t))
+        while True:
+            batch = next_batch(runs, start=int(t.user_attrs["batch_size"]), repeats=s.confirm, cap=s.max_batch,
+                               usable=run.usable, slope=pred.slope_bytes_per_sample,
+                               max_processes=s.confirm + EXTRA_PROCESSES)
+            if batch is None:
+                break
+            outcome = None
+            if run.deadline is None or time.monotonic() < run.deadline:
+                outcome = _run_once(run, backend, t, batch, len(runs) + 1, gpu=gpu, measure=measure)
+            if outcome is None:  # the deadline passed before or while it ran
+                notes.append(f"trial {t.number} was measured in {len(runs)} fresh processes, its bracket not yet "
+                             "closed: the time limit (--timeout) was reached; resume the search to measure the rest")
                 return notes
             runs.append(outcome)
             with run.ask_lock():
                 stored = _stored(run.main)
-                stored[str(t.number)] = {"config": dict(t.user_attrs["config"]),
+                stored[str(t.number)] = {"config": dict(t.user_attrs["config"]), "method": METHOD,
                                          "trial_batch": int(t.user_attrs["batch_size"]), "runs": runs}
                 run.main.set_user_attr(CONFIRMATIONS_ATTR, stored)
     return notes
+
+
+def _config(t: Any) -> Any:
+    from lms.config import LMSConfig
+
+    return LMSConfig.from_dict(t.user_attrs["config"])
 
 
 def _stored(study: Any) -> dict[str, Any]:
     return {str(k): dict(v) for k, v in (study.user_attrs.get(CONFIRMATIONS_ATTR) or {}).items()}
 
 
-def _measure_again(run: "SearchRun", backend: "Backend", t: Any, k: int, *, gpu: str | None,
-                   measure: Callable[..., Any]) -> dict[str, Any] | None:
-    """One fresh worker: the largest batch up to trial `t`'s, and the timed run there (None: stopped)."""
-    from lms.config import LMSConfig
-
-    s, a = run.settings, t.user_attrs
-    config = LMSConfig.from_dict(a["config"])
-    batch = int(a["batch_size"])
-    pred = run.predict(config)
+def _run_once(run: "SearchRun", backend: "Backend", t: Any, batch: int, k: int, *, gpu: str | None,
+              measure: Callable[..., Any]) -> dict[str, Any] | None:
+    """Fresh worker `k` runs trial `t`'s config at `batch` from its first step (None: stopped)."""
+    s = run.settings
+    config = _config(t)
     request = MeasureRequest(
         workload=s.model, options=dict(s.model_options), config=config.to_dict(), backend=backend.name,
-        usable_bytes=run.usable, start_batch=batch, cap=batch, slope_bytes_per_sample=pred.slope_bytes_per_sample,
-        warmup=s.warmup, steps=s.steps, seed=s.seed or 0, trial=t.number, confirm=k)
+        usable_bytes=run.usable, start_batch=batch, cap=batch, fixed_batch=True, warmup=s.warmup, steps=s.steps,
+        seed=s.seed or 0, trial=t.number, confirm=k)
     workdir = Path(s.study_dir) / "confirm" / f"{t.number:04d}-{k}"
-    log.info("confirming trial %d (%s): process %d of %d, largest batch up to %d", t.number,
-             run.space.table.short_label(config), k + 1, s.confirm + 1, batch)
+    log.info("confirming trial %d (%s): fresh process %d at batch %d", t.number,
+             run.space.table.short_label(config), k, batch)
 
     def should_stop() -> bool:
         return run.deadline is not None and time.monotonic() >= run.deadline
@@ -126,40 +206,53 @@ def _measure_again(run: "SearchRun", backend: "Backend", t: Any, k: int, *, gpu:
     if outcome.status == "stopped":
         return None
     res = outcome.result
-    out: dict[str, Any] = {"process": k, "status": outcome.status, "reason": outcome.reason or "",
+    out: dict[str, Any] = {"process": k, "batch": batch, "status": outcome.status, "reason": outcome.reason or "",
                            "wall_s": round(outcome.wall_s, 2), "workdir": str(workdir)}
     if res is not None:
-        out.update(batch_size=int(res.batch_size or 0), throughput=float(res.throughput or 0.0),
-                   peak_device_bytes=res.peak_device_bytes, step_time_median_s=res.step_time_median_s)
-    log.info("  trial %d, process %d: %s", t.number, k + 1,
-             f"largest batch {out['batch_size']} (peak {format_bytes(out.get('peak_device_bytes'))})"
-             if out.get("batch_size") else f"{outcome.status}: {out['reason']}")
+        out.update(throughput=float(res.throughput or 0.0), peak_device_bytes=res.peak_device_bytes,
+                   step_time_median_s=res.step_time_median_s)
+    verdict = _VERDICT.get(outcome.status)
+    log.info("  trial %d, fresh process %d: batch %d %s (peak %s)", t.number, k, batch,
+             {True: "fits", False: "does not fit"}.get(verdict, f"gave no verdict ({outcome.status}: "
+                                                                f"{out['reason']})"),
+             format_bytes(out.get("peak_device_bytes")))
     return out
 
 
 def confirmed_figures(trial: Any, confirmations: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Trial `trial`'s figures over all its processes (None: never re-measured).
+    """Trial `trial`'s figures from its fresh processes (None: never re-measured this way, or nothing fitted).
 
-    ``batch_size`` / ``throughput`` / ``peak_device_bytes`` / ``step_time_median_s`` are those of the
-    process with the smallest largest batch (the slower one on a tie); ``runs`` lists every process
-    (process 0 is the trial itself); ``unconfirmed`` the re-measurements that gave no verdict on memory
-    (killed, timed out, failed) or found no batch that fits.
+    ``batch_size`` is the bracket's ``lo`` (`next_batch`), ``throughput`` / ``peak_device_bytes`` /
+    ``step_time_median_s`` those of its slowest process there; ``tried`` lists every process's batch and
+    verdict in order, ``fits`` how many processes fitted ``batch_size``, ``smallest_failing`` the bracket's
+    ``hi`` (None: nothing failed), ``unconfirmed`` the processes that gave no verdict (killed, timed out,
+    failed).
     """
     entry = (confirmations or {}).get(str(trial.number))
-    if not entry or not entry.get("runs"):
+    if not entry or entry.get("method") != METHOD or not entry.get("runs"):
         return None
-    a = trial.user_attrs
-    first = {"process": 0, "status": a.get("status"), "batch_size": int(a.get("batch_size") or 0),
-             "throughput": float(a.get("throughput") or 0.0), "peak_device_bytes": a.get("peak_device_bytes"),
-             "step_time_median_s": a.get("step_time_median_s")}
-    runs = [first, *entry["runs"]]
-    fitted = [r for r in runs if r.get("status") == "ok" and (r.get("batch_size") or 0) > 0]
-    worst = min(fitted, key=lambda r: (r["batch_size"], r.get("throughput") or 0.0))
-    unconfirmed = [r for r in runs[1:] if r not in fitted]
-    return {"batch_size": worst["batch_size"], "throughput": worst.get("throughput") or 0.0,
-            "peak_device_bytes": worst.get("peak_device_bytes"), "step_time_median_s": worst.get("step_time_median_s"),
-            "process": worst["process"], "processes": len(runs),
-            "batch_sizes": [r.get("batch_size") or 0 for r in runs], "runs": runs,
-            "unconfirmed": [{"process": r["process"], "status": r.get("status"), "reason": r.get("reason", "")}
-                            for r in unconfirmed],
-            "rule": RULE.format(n=len(runs))}
+    runs = list(entry["runs"])
+    verdicts: dict[int, list[bool]] = {}
+    for r in runs:
+        ok = _VERDICT.get(str(r.get("status")))
+        if ok is not None:
+            verdicts.setdefault(int(r["batch"]), []).append(ok)
+    failed = [b for b, v in verdicts.items() if not all(v)]
+    hi = min(failed) if failed else None
+    fitted = [b for b, v in verdicts.items() if all(v) and (hi is None or b < hi)]
+    if not fitted:
+        return None
+    lo = max(fitted)
+    at = [r for r in runs if r.get("status") == "ok" and int(r["batch"]) == lo]
+    slowest = min(at, key=lambda r: (r.get("throughput") or 0.0, -r["process"]))
+    return {"batch_size": lo, "throughput": slowest.get("throughput") or 0.0,
+            "peak_device_bytes": slowest.get("peak_device_bytes"),
+            "step_time_median_s": slowest.get("step_time_median_s"), "process": slowest["process"],
+            "processes": len(runs), "fits": len(at), "smallest_failing": hi,
+            "trial_batch": int(entry.get("trial_batch") or trial.user_attrs.get("batch_size") or 0),
+            "tried": [[int(r["batch"]), {True: "fits", False: "no"}.get(_VERDICT.get(str(r.get("status"))), "?")]
+                      for r in runs],
+            "runs": runs,
+            "unconfirmed": [{"process": r["process"], "batch": r["batch"], "status": r.get("status"),
+                             "reason": r.get("reason", "")} for r in runs if _VERDICT.get(str(r.get("status"))) is None],
+            "rule": RULE.format(n=len(at))}

@@ -15,7 +15,10 @@ __all__ = ["FAULT_ENV", "FAULT_KINDS", "injected_fault"]
 #: as on a study folder turned read-only (a fault of the machine, not the config). ``*`` matches
 #: every trial without its own entry; ``N.K`` (e.g. ``smaller@3.1``) targets the K-th re-measurement of
 #: trial N in a fresh process (`tuner.confirm`), where ``smaller`` returns a synthetic fitting result at
-#: 3/4 of the batch asked for (as a process whose op order peaks higher would). Never set it outside tests.
+#: 3/4 of the batch asked for (as a process whose op order peaks higher would); ``fitsN`` (e.g. ``fits120@3.*``,
+#: where ``N.*`` targets every re-measurement of trial N) acts out a config whose peak grows linearly to the
+#: usable budget at batch N: its search finds N, a run at one batch fits when that is at most N. Never set it
+#: outside tests.
 FAULT_ENV = "LMS_TUNER_FAULT"
 FAULT_KINDS = ("kill", "oom", "hang", "raise", "ok", "die", "rofs", "smaller")
 
@@ -27,13 +30,9 @@ def injected_fault(trial: int | None, spec: str | None = None, *, confirm: int =
     if not spec or trial is None:
         return None
     wanted = str(trial) if not confirm else f"{trial}.{confirm}"
-    wildcard = None
+    matches: dict[str, str] = {}
     for item in spec.split(","):
         kind, _, target = item.strip().partition("@")
-        if kind not in FAULT_KINDS:
-            continue
-        if target == "*":
-            wildcard = kind
-        elif target == wanted:
-            return kind
-    return wildcard
+        if kind in FAULT_KINDS or (kind.startswith("fits") and kind[4:].isdigit()):
+            matches.setdefault(target, kind)
+    return matches.get(wanted) or (matches.get(f"{trial}.*") if confirm else None) or matches.get("*")

@@ -121,10 +121,25 @@ def baseline_trial(trials: Iterable[Any]) -> Any | None:
     return None
 
 
+def _confirmation_line(conf: Mapping[str, Any]) -> str:
+    """``batch 170 fitted in 2 fresh processes, 171 did not (the trial's 166; one batch per process: 166 fits,
+    170 fits, 171 no, 170 fits)``."""
+    hi = conf.get("smallest_failing")
+    tried = ", ".join(f"{b} {v}" for b, v in conf.get("tried") or ())
+    return (f"batch {conf['batch_size']} fitted in {conf['fits']} fresh process{'es' if conf['fits'] != 1 else ''}"
+            + (f", {hi} did not" if hi is not None else "")
+            + f" (the trial's {conf['trial_batch']}; one batch per process: {tried})")
+
+
 def _figures(t: Any) -> dict[str, Any]:
     a = t.user_attrs
     return {"batch_size": int(a.get("batch_size") or 0), "throughput": float(a.get("throughput") or 0.0),
             "peak_device_bytes": a.get("peak_device_bytes")}
+
+
+#: What recommended.json's ``confirmation`` holds of `tuner.confirm.confirmed_figures` (plus ``runs`` and
+#: ``rule`` for the recommendation itself).
+_CONFIRMATION_KEYS = ("batch_size", "processes", "fits", "process", "trial_batch", "smallest_failing", "tried", "unconfirmed")
 
 
 def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trials: Sequence[Any],
@@ -135,7 +150,8 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
     """The recommended.json document for `chosen` (a FrozenTrial with a trial record).
 
     Where `chosen` or the baseline was measured again in fresh processes (`confirmations`,
-    `tuner.confirm`), their figures are the smallest largest batch's, and ``confirmation`` lists all.
+    `tuner.confirm`), their figures are the largest batch that fitted there, and ``confirmation`` lists the
+    processes.
     """
     a = chosen.user_attrs
     measured = bool(a.get("measured"))
@@ -191,17 +207,15 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
         doc.update({k: confirmed[k] for k in ("batch_size", "throughput", "peak_device_bytes")})
         doc["tuned_for"] = {"batch_size": confirmed["batch_size"]}
         if "step_time_s" in doc and confirmed["step_time_median_s"] is not None:
-            doc["step_time_s"] = {**doc["step_time_s"], "median": confirmed["step_time_median_s"],
-                                  "spread": a.get("step_time_spread_s") if confirmed["process"] == 0 else None}
-        doc["confirmation"] = {k: confirmed[k] for k in ("processes", "batch_sizes", "process", "runs",
-                                                         "unconfirmed", "rule")}
+            doc["step_time_s"] = {**doc["step_time_s"], "median": confirmed["step_time_median_s"], "spread": None}
+        doc["confirmation"] = {k: confirmed[k] for k in _CONFIRMATION_KEYS + ("runs", "rule")}
     base = baseline_trial(trials)
     if base is not None and base.user_attrs.get("status") == "ok":
         b = _figures(base)
         base_confirmed = confirmed_figures(base, confirmations)
         if base_confirmed is not None:
             b = {k: base_confirmed[k] for k in ("batch_size", "throughput", "peak_device_bytes")}
-            b["confirmation"] = {k: base_confirmed[k] for k in ("processes", "batch_sizes", "process", "unconfirmed")}
+            b["confirmation"] = {k: base_confirmed[k] for k in _CONFIRMATION_KEYS}
         doc["baseline"] = {**b, "source": source_label(settings.backend, measured=bool(base.user_attrs.get("measured")),
                                                         device=settings.device, device_name=device_name),
                            "trial": base.number}
@@ -253,10 +267,10 @@ def format_recommendation(doc: Mapping[str, Any]) -> str:
     ]
     conf = doc.get("confirmation")
     if conf:
-        lines.append(f"  processes    largest batch {', '.join(str(b) for b in conf['batch_sizes'])} in "
-                     f"{conf['processes']} fresh processes: the figures above are the smallest's")
+        lines.append(f"  processes    {_confirmation_line(conf)}")
         for miss in conf.get("unconfirmed") or ():
-            lines.append(f"    process {miss['process']}: {miss['status']} {miss.get('reason') or ''}".rstrip())
+            lines.append(f"    process {miss['process']} (batch {miss['batch']}): {miss['status']} "
+                         f"{miss.get('reason') or ''}".rstrip())
     pred = doc.get("predicted") or {}
     if doc.get("measured") and pred.get("batch_size") is not None:
         thr = pred.get("throughput")

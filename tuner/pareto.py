@@ -23,14 +23,21 @@ def dominates(a: Sequence[float], b: Sequence[float], *, maximize: Sequence[bool
     return better
 
 
-def pareto_picks(trials: Sequence[Any], k: int, *, exclude: Iterable[str] = (), table: Any = None) -> list[dict[str, Any]]:
+def pareto_picks(trials: Sequence[Any], k: int, *, exclude: Iterable[str] = (), table: Any = None,
+                 prefer: str = "batch", min_throughput_ratio: float = 0.8) -> list[dict[str, Any]]:
     """Up to `k` param sets from the feasible Pareto front, spread along it.
 
-    First the point with the best sum of normalised batch and throughput (a
-    balanced one, likely close to the recommendation), then each time the
-    point farthest from those already picked. Configs whose canonical key
-    (`tuner.knobs.KnobTable.canonical_key` of `table`) is in `exclude`
-    (already queued or run) are not picked.
+    First the point the recommendation's rule would choose among them
+    (`tuner.outputs.select_recommendation`: with ``prefer="batch"`` the largest
+    batch whose throughput is at least `min_throughput_ratio` x the front's
+    best), then each time the point farthest from those already picked.
+    Configs whose canonical key (`tuner.knobs.KnobTable.canonical_key` of
+    `table`) is in `exclude` (already queued or run) are not picked.
+
+    The first pick used to be the best sum of normalised batch and
+    throughput; on a screen whose throughputs come from timed op profiles that
+    sum moved with the timing noise, so the same screen measured different
+    configs (issue 14), and it was not the point the recommendation wanted.
     """
     from .knobs import KNOB_TABLE
 
@@ -39,6 +46,7 @@ def pareto_picks(trials: Sequence[Any], k: int, *, exclude: Iterable[str] = (), 
     front = [t for t in front if not any(dominates(o.values, t.values) for o in front)]
     if not front or k <= 0:
         return []
+    best_throughput = max(t.values[1] for t in front)  # the whole front's, as the recommendation's rule
     excluded = set(exclude)
     uniq: dict[str, Any] = {}
     for t in sorted(front, key=lambda t: (-t.values[0], -t.values[1], t.number)):
@@ -51,7 +59,12 @@ def pareto_picks(trials: Sequence[Any], k: int, *, exclude: Iterable[str] = (), 
     b_max = max(t.values[0] for t in front) or 1.0
     r_max = max(t.values[1] for t in front) or 1.0
     points = {t.number: (t.values[0] / b_max, t.values[1] / r_max) for t in front}
-    picked = [max(front, key=lambda t: (points[t.number][0] + points[t.number][1], t.values[0]))]
+    if prefer == "throughput":
+        first = max(front, key=lambda t: (t.values[1], t.values[0]))
+    else:
+        fast = [t for t in front if t.values[1] >= min_throughput_ratio * best_throughput] or front
+        first = max(fast, key=lambda t: (t.values[0], t.values[1]))
+    picked = [first]
     while len(picked) < min(k, len(front)):
         rest = [t for t in front if t not in picked]
         far = max(rest, key=lambda t: min(math.dist(points[t.number], points[p.number]) for p in picked))

@@ -44,8 +44,8 @@ class SearchSettings:
         workers: parallel trial workers on the CPU (emulated backend; they share the cores, so
             their timings interfere).
         confirm: measured backends, largest-batch goal: re-measure the recommended config and the no-LMS
-            baseline in this many more fresh worker processes and recommend the smallest largest batch
-            (`tuner.confirm`); 0: off.
+            baseline with one batch per fresh worker process and recommend the largest batch that fitted
+            there, once it fitted in this many processes (`tuner.confirm`); 0: off.
         storage: where the study lives.
         studies_dir: outputs folder root (``studies/``).
         workload: the workload's description (`tuner.models.Workload.describe`).

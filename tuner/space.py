@@ -130,6 +130,28 @@ class SearchSpace:
                 starts.append(start)
         return starts
 
+    def ladder_params(self) -> list[dict[str, Any]]:
+        """Every level of the ``candidates`` knob (``n_tensors``) on the warm starts of the knobs' ``warm`` values.
+
+        (On TFLMS's defaults when no knob declares one; the levels those starts have already are left out.)
+
+        A simulated screen starts from these too (`tuner.study.queue_warm_start`'s ``ladder``, up to half
+        its trials): how many tensors are swapped moves the largest batch most, and not monotonically once
+        TF's allocator is replayed (PREDICTED, ResNet-50 64x64, ``schedule="memory"``, 547 MiB usable:
+        ``n_tensors`` 34 -> batch 50, 136 -> 172, 170 -> 189, 204 -> 154, every candidate -> 152), so a
+        sampler that drew one level near another learned little about it; each level costs one
+        simulation (about 1 s there).
+        """
+        levels = [k for k in self.knobs if k.search == "candidates"]
+        out: list[dict[str, Any]] = []
+        starts = self.warm_start_params()
+        for start in starts[2:] or starts[1:2]:  # [no LMS, TFLMS's defaults, the warm values' starts...]
+            for k in levels:
+                for value in self.values(k):
+                    if value not in (0, start[k.name]):
+                        out.append({**start, k.name: value})
+        return out
+
     def grid(self) -> list[dict[str, Any]]:
         """Every parameter combination (the exhaustive grid of this space), conditional knobs expanded last."""
         plain = [k for k in self.knobs if not k.requires]

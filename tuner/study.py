@@ -38,11 +38,15 @@ def create_study(name: str, storage: Any, sampler: Any) -> Any:
                                load_if_exists=True)
 
 
-def queue_warm_start(study: Any, space: Any) -> None:
+def queue_warm_start(study: Any, space: Any, *, ladder: int = 0) -> None:
     """Queue `SearchSpace.warm_start_params` (no LMS, TFLMS's defaults, ...) unless the study has them.
 
+    With `ladder` (a simulated screen, where a trial costs a simulation) also
+    up to that many of `SearchSpace.ladder_params`: the ``n_tensors`` levels of the warm starts.
     Called on every start (under `tuner.storage.storage_lock`), so a search
     stopped between creating the study and queueing them still gets them.
     """
     for params in space.warm_start_params():
         study.enqueue_trial(params, user_attrs={"warm_start": True}, skip_if_exists=True)
+    for params in space.ladder_params()[:max(0, ladder)]:
+        study.enqueue_trial(params, user_attrs={"ladder": True}, skip_if_exists=True)

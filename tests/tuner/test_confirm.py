@@ -1,11 +1,11 @@
-"""The recommendation measured again in fresh processes (`tuner.confirm`, ``--confirm N``).
+"""The recommendation measured again in fresh processes, one batch per process (`tuner.confirm`, ``--confirm N``).
 
-One config's peak varies between processes (TensorFlow orders unpinned ops per
-process), so the search re-measures the config it recommends and the no-LMS
-baseline in N more fresh workers and recommends the smallest largest batch.
-The workers here are the test-only synthetic ones (``LMS_TUNER_FAULT``, no
-TensorFlow): ``ok`` fits at the batch asked for, ``smaller@N.K`` at 3/4 of it
-in trial N's K-th re-measurement, as a process whose op order peaks higher.
+A batch's peak depends on the batches run before it in a process, so the search
+re-measures the config it recommends and the no-LMS baseline with one batch per
+fresh worker, bracketing the largest batch that fits from the trial's, and
+recommends that batch once it fitted in N processes. The workers here are the
+test-only synthetic ones (``LMS_TUNER_FAULT``, no TensorFlow): ``ok`` fits at the
+batch asked for, ``fitsN`` peaks linearly up to the usable budget at batch N.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import optuna
+import pytest
 
-from tuner.confirm import CONFIRMATIONS_ATTR, confirmed_figures
+from tuner.confirm import CONFIRMATIONS_ATTR, METHOD, confirmed_figures, next_batch
 from tuner.faults import injected_fault
 
 from .conftest import TINY_MODEL, run_cli
@@ -33,75 +34,137 @@ def _search(tmp_path: Path, *extra: str, fault: str = "ok@*") -> dict:
 
 
 def test_fault_hook_targets_a_re_measurement() -> None:
-    spec = "smaller@3.1,kill@3,ok@*"
+    spec = "smaller@3.1,kill@3,fits90@3.*,ok@*"
     assert injected_fault(3, spec) == "kill"
-    assert injected_fault(3, spec, confirm=1) == "smaller"
-    assert injected_fault(3, spec, confirm=2) == "ok"
+    assert injected_fault(3, spec, confirm=1) == "smaller"  # its own entry before N.*
+    assert injected_fault(3, spec, confirm=2) == "fits90"
     assert injected_fault(4, spec, confirm=1) == "ok"
     assert injected_fault(4, "smaller@3.1") is None
+    assert injected_fault(3, "fits90@3.*") is None  # N.* is for re-measurements only
 
 
-def test_smallest_largest_batch_is_recommended_and_kept_on_resume(tmp_path: Path, seed_graph) -> None:
+def _runs(*pairs: tuple[int, str], peak_per_sample: int = 0) -> list[dict]:
+    return [{"process": i + 1, "batch": b, "status": s,
+             **({"peak_device_bytes": b * peak_per_sample} if peak_per_sample and s in ("ok", "infeasible") else {})}
+            for i, (b, s) in enumerate(pairs)]
+
+
+def test_next_batch_brackets_from_the_trials_batch() -> None:
+    kw = dict(repeats=2, cap=4096, usable=1000, slope=10.0, max_processes=10)
+    assert next_batch([], start=90, **kw) == 90
+    assert next_batch([], start=9000, **kw) == 4096
+    # grow: 100 peaked at 900, 100 bytes of headroom are 10 samples at the slope: aim one past them
+    assert next_batch(_runs((90, "ok"), (100, "ok"), peak_per_sample=9), start=90,
+                      **{**kw, "slope": None}) == 112  # the slope measured between 90 and 100: 9 bytes a sample
+    assert next_batch(_runs((100, "ok"), peak_per_sample=9), start=100, **kw) == 111
+    assert next_batch(_runs((100, "ok")), start=100, **kw) == 113  # no peak: +1/8
+    assert next_batch(_runs((100, "ok"), peak_per_sample=1), start=100, **kw) == 125  # at most +25%
+    # shrink: 120 peaked at 1200, 200 bytes over: 20 samples
+    assert next_batch(_runs((120, "infeasible"), peak_per_sample=10), start=120, **kw) == 100
+    assert next_batch(_runs((120, "oom")), start=120, **kw) == 105
+    assert next_batch(_runs((1, "oom")), start=1, **kw) is None  # not even batch 1
+    # inside the bracket: where the line through the two peaks meets the budget, kept in the middle half
+    assert next_batch(_runs((100, "ok"), (120, "infeasible"), peak_per_sample=9), start=100, **kw) == 111
+    assert next_batch(_runs((100, "ok"), (200, "oom")), start=100, **kw) == 150
+    assert next_batch(_runs((100, "ok"), (102, "infeasible")), start=100, **kw) == 101
+    # closed (101 does not fit): 100 again until it fitted `repeats` times
+    closed = _runs((100, "ok"), (101, "infeasible"))
+    assert next_batch(closed, start=100, **kw) == 100
+    assert next_batch(closed + _runs((100, "ok")), start=100, **kw) is None
+    # a repeat that does not fit moves the bracket below it
+    assert next_batch(closed + _runs((100, "infeasible")), start=100, **kw) == 87
+    # no verdict (killed, timed out) counts as a process, not as a verdict; the processes are capped
+    assert next_batch(_runs((100, "killed")), start=100, **kw) == 100
+    assert next_batch(_runs(*[(100, "killed")] * 10), start=100, **kw) is None
+    # at the cap nothing can grow: repeat it
+    assert next_batch(_runs((4096, "ok")), start=4096, **kw) == 4096
+
+
+@pytest.mark.parametrize("start", [60, 90, 97, 130, 400])
+def test_next_batch_finds_the_same_batch_from_any_start(start: int) -> None:
+    """Peaks 10 bytes a sample plus a jagged allocator term; the largest batch that fits is 98 wherever it starts."""
+    def peak(b: int) -> int:
+        return 10 * b + 20 + (9 if b % 3 == 0 else 0)
+
+    runs: list[dict] = []
+    while (b := next_batch(runs, start=start, repeats=2, cap=4096, usable=1000, slope=12.0, max_processes=12)):
+        runs.append({"process": len(runs) + 1, "batch": b, "peak_device_bytes": peak(b),
+                     "status": "ok" if peak(b) <= 1000 else "infeasible"})
+    got = confirmed_figures(SimpleNamespace(number=1, user_attrs={}), {"1": {"method": METHOD, "runs": runs}})
+    assert (got["batch_size"], got["smallest_failing"], got["fits"]) == (98, 99, 2), runs
+    assert len(runs) <= 8
+
+
+def test_search_recommends_the_batch_fresh_processes_fit_and_resumes_from_the_stored_runs(
+        tmp_path: Path, seed_graph) -> None:
     seed_graph(tmp_path / "studies", STUDY)
     first = _search(tmp_path, "--confirm", "0")
     assert "confirmation" not in first
     chosen, batch = first["trial"], first["batch_size"]
     base = first["baseline"]
-    assert base["trial"] != chosen and batch > base["batch_size"] > 0
+    assert base["trial"] != chosen and batch > base["batch_size"] > 3
 
-    # the same study resumed with --confirm 2: no new trial, the two re-measurements of each run now;
-    # trial `chosen`'s first re-measurement fits only 3/4 of its batch
-    doc = _search(tmp_path, "--confirm", "2", fault=f"smaller@{chosen}.1,ok@*")
-    smaller = batch * 3 // 4
+    # resumed with --confirm 2: the recommended config fits 7 samples more than its trial found, in a fresh
+    # process; the baseline 2 fewer
+    up, down = batch + 7, base["batch_size"] - 2
+    fault = f"fits{up}@{chosen}.*,fits{down}@{base['trial']}.*,ok@*"
+    doc = _search(tmp_path, "--confirm", "2", fault=fault)
     assert doc["trial"] == chosen
-    assert doc["confirmation"]["batch_sizes"] == [batch, smaller, batch]
-    assert doc["confirmation"]["processes"] == 3 and doc["confirmation"]["process"] == 1
-    assert doc["batch_size"] == smaller and doc["tuned_for"] == {"batch_size": smaller}
-    assert doc["throughput"] == 100.0 + smaller  # the synthetic worker's throughput at that batch
-    assert doc["baseline"]["batch_size"] == base["batch_size"]
-    assert doc["baseline"]["confirmation"]["batch_sizes"] == [base["batch_size"]] * 3
-    assert doc["gain_vs_baseline"]["batch_size_ratio"] == round(smaller / base["batch_size"], 3)
-    # each re-measurement was asked for at most the trial's batch, in its own folder
+    conf = doc["confirmation"]
+    assert doc["batch_size"] == up and doc["tuned_for"] == {"batch_size": up}
+    assert conf["batch_size"] == up and conf["fits"] == 2 and conf["smallest_failing"] == up + 1
+    assert conf["trial_batch"] == batch and conf["tried"][0] == [batch, "fits"]
+    assert conf["tried"][-1] == [up, "fits"] and [up + 1, "no"] in conf["tried"]
+    assert doc["throughput"] == 100.0 + up  # the synthetic worker's throughput at that batch
+    assert doc["baseline"]["batch_size"] == down and doc["baseline"]["confirmation"]["fits"] == 2
+    assert doc["baseline"]["confirmation"]["tried"][0] == [base["batch_size"], "no"]
+    assert doc["gain_vs_baseline"]["batch_size_ratio"] == round(up / down, 3)
+    # one batch per process, each from its first step, in its own folder
     requests = sorted((tmp_path / "studies" / STUDY / "confirm").glob("*/request.json"))
-    assert len(requests) == 4
+    assert len(requests) == conf["processes"] + doc["baseline"]["confirmation"]["processes"]
     for path in requests:
         req = json.loads(path.read_text())["request"]
-        assert req["cap"] == req["start_batch"] and req["confirm"] in (1, 2)
-    # the written file says the same, and the summary names every process
+        assert req["fixed_batch"] is True and req["cap"] == req["start_batch"] and req["confirm"] >= 1
     written = json.loads((tmp_path / "studies" / STUDY / "recommended.json").read_text())
-    assert written["batch_size"] == smaller
+    assert written["batch_size"] == up
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'studies' / STUDY / 'study.db'}")
     stored = study.user_attrs[CONFIRMATIONS_ATTR]
     assert sorted(stored) == sorted([str(chosen), str(base["trial"])])
 
-    # resumed again: nothing measured twice (the stored runs are reused)
+    # resumed again: nothing measured twice (the stored runs are reused) ...
     mtimes = {p: p.stat().st_mtime_ns for p in requests}
-    again = _search(tmp_path, "--confirm", "2")
-    assert again["batch_size"] == smaller
+    again = _search(tmp_path, "--confirm", "2", fault=fault)
+    assert again["batch_size"] == up
     assert {p: p.stat().st_mtime_ns for p in requests} == mtimes
+    # ... and with --confirm 3 only one more process for each, at the batch found
+    more = _search(tmp_path, "--confirm", "3", fault=fault)
+    assert more["confirmation"]["fits"] == 3 and more["confirmation"]["tried"][-1] == [up, "fits"]
+    assert more["confirmation"]["processes"] == conf["processes"] + 1
     proc = run_cli(["best", "--study", STUDY], cwd=tmp_path, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert f"largest batch {batch}, {smaller}, {batch} in 3 fresh processes" in proc.stdout
+    assert f"batch {up} fitted in 3 fresh processes, {up + 1} did not (the trial's {batch};" in proc.stdout
 
 
-def _trial(number: int, batch: int, throughput: float) -> SimpleNamespace:
-    return SimpleNamespace(number=number, user_attrs={"status": "ok", "batch_size": batch, "throughput": throughput,
-                                                      "peak_device_bytes": 1000 + batch, "step_time_median_s": 0.5})
-
-
-def test_confirmed_figures_take_the_smallest_and_name_runs_without_a_verdict() -> None:
-    trial = _trial(7, 188, 90.0)
-    runs = [{"process": 1, "status": "ok", "batch_size": 136, "throughput": 80.0, "peak_device_bytes": 5,
+def test_confirmed_figures_take_the_bracket_and_name_runs_without_a_verdict() -> None:
+    trial = SimpleNamespace(number=7, user_attrs={"status": "ok", "batch_size": 140})
+    runs = [{"process": 1, "batch": 140, "status": "infeasible", "peak_device_bytes": 9},
+            {"process": 2, "batch": 136, "status": "ok", "throughput": 80.0, "peak_device_bytes": 5,
              "step_time_median_s": 1.7},
-            {"process": 2, "status": "killed", "reason": "SIGKILL"},
-            {"process": 3, "status": "ok", "batch_size": 136, "throughput": 70.0, "peak_device_bytes": 6,
+            {"process": 3, "batch": 138, "status": "killed", "reason": "SIGKILL"},
+            {"process": 4, "batch": 138, "status": "ok", "throughput": 81.0, "peak_device_bytes": 6},
+            {"process": 5, "batch": 138, "status": "infeasible", "peak_device_bytes": 7},  # fits in one, not another
+            {"process": 6, "batch": 136, "status": "ok", "throughput": 70.0, "peak_device_bytes": 6,
              "step_time_median_s": 1.9}]
-    got = confirmed_figures(trial, {"7": {"runs": runs}})
-    assert got["batch_size"] == 136 and got["throughput"] == 70.0 and got["process"] == 3  # the slower on a tie
+    got = confirmed_figures(trial, {"7": {"method": METHOD, "runs": runs, "trial_batch": 140}})
+    assert got["batch_size"] == 136 and got["smallest_failing"] == 138 and got["fits"] == 2
+    assert got["throughput"] == 70.0 and got["process"] == 6  # the slower of the two at 136
     assert got["peak_device_bytes"] == 6 and got["step_time_median_s"] == 1.9
-    assert got["batch_sizes"] == [188, 136, 0, 136] and got["processes"] == 4
-    assert got["unconfirmed"] == [{"process": 2, "status": "killed", "reason": "SIGKILL"}]
-    assert confirmed_figures(trial, {"8": {"runs": runs}}) is None
+    assert got["tried"] == [[140, "no"], [136, "fits"], [138, "?"], [138, "fits"], [138, "no"], [136, "fits"]]
+    assert got["processes"] == 6 and got["trial_batch"] == 140
+    assert got["unconfirmed"] == [{"process": 3, "batch": 138, "status": "killed", "reason": "SIGKILL"}]
+    assert confirmed_figures(trial, {"8": {"method": METHOD, "runs": runs}}) is None
     assert confirmed_figures(trial, None) is None
-    # the trial's own process is the smallest: its figures stay
-    assert confirmed_figures(_trial(7, 100, 50.0), {"7": {"runs": runs[:1]}})["batch_size"] == 100
+    # runs stored by the older down-search (no method) are not read as batches run from a first step
+    assert confirmed_figures(trial, {"7": {"runs": runs}}) is None
+    # nothing fitted: no confirmed figures
+    assert confirmed_figures(trial, {"7": {"method": METHOD, "runs": runs[:1]}}) is None

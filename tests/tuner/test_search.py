@@ -324,3 +324,29 @@ def test_parallel_workers_share_one_study_without_double_work() -> None:
     # two threads may draw the same new config at the same moment (neither result is stored yet)
     assert len({k for _, k in seen}) >= 9
     assert {n for n in range(6)} <= set(numbers)  # the six queued trials each ran
+
+
+def test_pareto_picks_start_where_the_recommendation_rule_points() -> None:
+    """The first pick is the largest batch within `min_throughput_ratio` of the front's best throughput
+    (the baseline's, excluded from the picks), not the best normalised sum."""
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    points = [(35, 86.0, 0), (150, 80.0, 27), (170, 70.0, 54), (189, 69.5, 81), (200, 60.0, 108)]
+    for batch, thr, n in points:
+        study.add_trial(optuna.trial.create_trial(
+            params={"n_tensors": n}, distributions={"n_tensors": optuna.distributions.IntDistribution(0, 216, step=27)},
+            values=[batch, thr], user_attrs={"status": "ok", "config": LMSConfig(n_tensors=n).to_dict()}))
+    base = {canonical_key(LMSConfig(n_tensors=0))}
+    assert pareto_picks(study.trials, 1, exclude=base)[0]["n_tensors"] == 81  # 69.5 >= 0.8 x 86; 60 is not
+    assert pareto_picks(study.trials, 1, exclude=base, min_throughput_ratio=0.6)[0]["n_tensors"] == 108
+    assert pareto_picks(study.trials, 1, exclude=base, prefer="throughput")[0]["n_tensors"] == 27
+
+
+def test_screen_ladder_covers_every_n_tensors_level_of_the_warm_starts() -> None:
+    space = SearchSpace(n_candidates=20)
+    ladder = [space.config_of(p) for p in space.ladder_params()]
+    step = space.n_tensor_step
+    levels = [n for n in range(step, space.n_tensor_high, step)]
+    assert len(levels) == 6 and ladder == [LMSConfig(n_tensors=n, schedule="memory") for n in levels]
+    # a space with no warm values: the levels on TFLMS's defaults
+    plain = SearchSpace(n_candidates=20, ranges={"schedule": ("tf",)})
+    assert [plain.config_of(p) for p in plain.ladder_params()] == [LMSConfig(n_tensors=n) for n in levels]

@@ -61,7 +61,8 @@ class MeasuredBackend(Backend):
                 screen.set_user_attr("tuner", {**run.attrs, "backend": "simulate"})
                 screen.set_user_attr("role", "screen")
                 screen.set_user_attr("screen_of", s.study)
-            queue_warm_start(screen, space)
+            # the n_tensors ladder takes up to half the screen; the sampler has the rest
+            queue_warm_start(screen, space, ladder=s.screen_trials // 2 - len(space.warm_start_params()))
         run.screen = screen
         recover_stale_trials(screen)
         screened = optimize(screen, space, run.evaluate_predicted, n_trials=s.screen_trials, deadline=run.deadline,
@@ -71,7 +72,8 @@ class MeasuredBackend(Backend):
                       for t in run.main.get_trials(deepcopy=False)
                       if "n_tensors" in t.system_attrs.get("fixed_params", t.params)}
             k = max(0, s.trials - len(queued))
-            for params in pareto_picks(screen.get_trials(deepcopy=False), k, exclude=queued, table=space.table):
+            for params in pareto_picks(screen.get_trials(deepcopy=False), k, exclude=queued, table=space.table,
+                                       prefer=s.prefer, min_throughput_ratio=s.min_throughput_ratio):
                 run.main.enqueue_trial(params, user_attrs={"from_screen": True}, skip_if_exists=True)
         ran = self._measure_all(run)
         run.notes.extend(confirm_recommendation(run, self, gpu=self.slots(s)[0]))
