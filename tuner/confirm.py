@@ -75,7 +75,8 @@ def next_batch(runs: Sequence[Mapping[str, Any]], *, start: int, repeats: int, c
     the largest below it that did. Growing (nothing failed yet) steps by the headroom's worth of samples at
     `slope` (measured between two batches that fitted, when they are 5% apart), plus one (at most +25%);
     shrinking by the excess's worth (the same way; at most -50%); inside the bracket, the batch at
-    which the two peaks' line meets `usable`, kept in the bracket's middle half (so it shrinks each time).
+    which the two peaks' line meets `usable`, kept an eighth of the bracket from its ends (so it shrinks each
+    time; peaks are close to linear in the batch, so the line is usually right within a sample).
     Closed: ``hi == lo + 1`` (or ``lo == cap``, or ``hi == 1``), then ``lo`` until it fitted `repeats` times.
 
         >>> r = [{"batch": 100, "status": "ok", "peak_device_bytes": 90}]
@@ -122,7 +123,7 @@ def next_batch(runs: Sequence[Mapping[str, Any]], *, start: int, repeats: int, c
             guess = lo + math.floor((usable - peaks[lo]) * (hi - lo) / (peaks[hi] - peaks[lo]))
         else:
             guess = (lo + hi) // 2
-        margin = max(1, (hi - lo) // 4)
+        margin = max(1, (hi - lo) // 8)
         return min(hi - margin, max(lo + margin, guess))
     return lo if len(verdicts[lo]) < repeats else None
 
@@ -158,6 +159,11 @@ def confirm_recommendation(run: "SearchRun", backend: "Backend", *, gpu: str | N
                                usable=run.usable, slope=pred.slope_bytes_per_sample,
                                max_processes=s.confirm + EXTRA_PROCESSES)
             if batch is None:
+                if runs and not (entry.get("closed") and len(entry.get("runs") or []) == len(runs)):
+                    with run.ask_lock():
+                        stored = _stored(run.main)
+                        stored[str(t.number)] = {**stored.get(str(t.number), {}), "closed": True}
+                        run.main.set_user_attr(CONFIRMATIONS_ATTR, stored)
                 break
             outcome = None
             if run.deadline is None or time.monotonic() < run.deadline:
@@ -170,7 +176,8 @@ def confirm_recommendation(run: "SearchRun", backend: "Backend", *, gpu: str | N
             with run.ask_lock():
                 stored = _stored(run.main)
                 stored[str(t.number)] = {"config": dict(t.user_attrs["config"]), "method": METHOD,
-                                         "trial_batch": int(t.user_attrs["batch_size"]), "runs": runs}
+                                         "trial_batch": int(t.user_attrs["batch_size"]), "runs": runs,
+                                         "closed": False}
                 run.main.set_user_attr(CONFIRMATIONS_ATTR, stored)
     return notes
 
@@ -223,7 +230,8 @@ def confirmed_figures(trial: Any, confirmations: Mapping[str, Any] | None) -> di
     """Trial `trial`'s figures from its fresh processes (None: never re-measured this way, or nothing fitted).
 
     ``batch_size`` is the bracket's ``lo`` (`next_batch`), ``throughput`` / ``peak_device_bytes`` /
-    ``step_time_median_s`` those of its slowest process there; ``tried`` lists every process's batch and
+    ``step_time_median_s`` those of its slowest process there; ``closed``: whether the bracket was finished
+    (False: the time limit came first; ``batch_size`` did fit a fresh process); ``tried`` lists every process's batch and
     verdict in order, ``fits`` how many processes fitted ``batch_size``, ``smallest_failing`` the bracket's
     ``hi`` (None: nothing failed), ``unconfirmed`` the processes that gave no verdict (killed, timed out,
     failed).
@@ -248,7 +256,7 @@ def confirmed_figures(trial: Any, confirmations: Mapping[str, Any] | None) -> di
     return {"batch_size": lo, "throughput": slowest.get("throughput") or 0.0,
             "peak_device_bytes": slowest.get("peak_device_bytes"),
             "step_time_median_s": slowest.get("step_time_median_s"), "process": slowest["process"],
-            "processes": len(runs), "fits": len(at), "smallest_failing": hi,
+            "processes": len(runs), "fits": len(at), "smallest_failing": hi, "closed": bool(entry.get("closed")),
             "trial_batch": int(entry.get("trial_batch") or trial.user_attrs.get("batch_size") or 0),
             "tried": [[int(r["batch"]), {True: "fits", False: "no"}.get(_VERDICT.get(str(r.get("status"))), "?")]
                       for r in runs],

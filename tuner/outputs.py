@@ -128,7 +128,8 @@ def _confirmation_line(conf: Mapping[str, Any]) -> str:
     tried = ", ".join(f"{b} {v}" for b, v in conf.get("tried") or ())
     return (f"batch {conf['batch_size']} fitted in {conf['fits']} fresh process{'es' if conf['fits'] != 1 else ''}"
             + (f", {hi} did not" if hi is not None else "")
-            + f" (the trial's {conf['trial_batch']}; one batch per process: {tried})")
+            + f" (the trial's {conf['trial_batch']}; one batch per process: {tried})"
+            + ("" if conf.get("closed") else "; not finished (time limit): resume the search to finish it"))
 
 
 def _figures(t: Any) -> dict[str, Any]:
@@ -139,7 +140,7 @@ def _figures(t: Any) -> dict[str, Any]:
 
 #: What recommended.json's ``confirmation`` holds of `tuner.confirm.confirmed_figures` (plus ``runs`` and
 #: ``rule`` for the recommendation itself).
-_CONFIRMATION_KEYS = ("batch_size", "processes", "fits", "process", "trial_batch", "smallest_failing", "tried", "unconfirmed")
+_CONFIRMATION_KEYS = ("batch_size", "closed", "processes", "fits", "process", "trial_batch", "smallest_failing", "tried", "unconfirmed")
 
 
 def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trials: Sequence[Any],

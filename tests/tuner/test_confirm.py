@@ -63,9 +63,12 @@ def test_next_batch_brackets_from_the_trials_batch() -> None:
     assert next_batch(_runs((120, "infeasible"), peak_per_sample=10), start=120, **kw) == 100
     assert next_batch(_runs((120, "oom")), start=120, **kw) == 105
     assert next_batch(_runs((1, "oom")), start=1, **kw) is None  # not even batch 1
-    # inside the bracket: where the line through the two peaks meets the budget, kept in the middle half
+    # inside the bracket: where the line through the two peaks meets the budget, an eighth from its ends
     assert next_batch(_runs((100, "ok"), (120, "infeasible"), peak_per_sample=9), start=100, **kw) == 111
     assert next_batch(_runs((100, "ok"), (200, "oom")), start=100, **kw) == 150
+    near = [{"process": 1, "batch": 100, "status": "ok", "peak_device_bytes": 995},
+            {"process": 2, "batch": 109, "status": "infeasible", "peak_device_bytes": 1085}]
+    assert next_batch(near, start=100, **kw) == 101  # 5 bytes of headroom at 10 a sample: 100.5
     assert next_batch(_runs((100, "ok"), (102, "infeasible")), start=100, **kw) == 101
     # closed (101 does not fit): 100 again until it fitted `repeats` times
     closed = _runs((100, "ok"), (101, "infeasible"))
@@ -112,7 +115,7 @@ def test_search_recommends_the_batch_fresh_processes_fit_and_resumes_from_the_st
     assert doc["trial"] == chosen
     conf = doc["confirmation"]
     assert doc["batch_size"] == up and doc["tuned_for"] == {"batch_size": up}
-    assert conf["batch_size"] == up and conf["fits"] == 2 and conf["smallest_failing"] == up + 1
+    assert conf["batch_size"] == up and conf["fits"] == 2 and conf["smallest_failing"] == up + 1 and conf["closed"]
     assert conf["trial_batch"] == batch and conf["tried"][0] == [batch, "fits"]
     assert conf["tried"][-1] == [up, "fits"] and [up + 1, "no"] in conf["tried"]
     assert doc["throughput"] == 100.0 + up  # the synthetic worker's throughput at that batch
@@ -161,6 +164,7 @@ def test_confirmed_figures_take_the_bracket_and_name_runs_without_a_verdict() ->
     assert got["peak_device_bytes"] == 6 and got["step_time_median_s"] == 1.9
     assert got["tried"] == [[140, "no"], [136, "fits"], [138, "?"], [138, "fits"], [138, "no"], [136, "fits"]]
     assert got["processes"] == 6 and got["trial_batch"] == 140
+    assert got["closed"] is False  # stored without "closed": the time limit came before the bracket closed
     assert got["unconfirmed"] == [{"process": 3, "batch": 138, "status": "killed", "reason": "SIGKILL"}]
     assert confirmed_figures(trial, {"8": {"method": METHOD, "runs": runs}}) is None
     assert confirmed_figures(trial, None) is None
