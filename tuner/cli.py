@@ -590,7 +590,7 @@ def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | N
         device=stored.get("device", ""), trials=0, screen_trials=0, storage=spec, studies_dir=args.studies_dir,
         workload=stored.get("workload", {}))
     trials = study.get_trials(deepcopy=False)
-    chosen, front = select_recommendation(trials)
+    chosen, front = select_recommendation(trials, confirmations=study.user_attrs.get(CONFIRMATIONS_ATTR))
     if chosen is None:
         return None
     budget = int(stored.get("budget_bytes") or 0)

@@ -21,10 +21,12 @@ warm-up and timed steps of ``--batch N``'s single run), and the batches are
 bracketed from the trial's (`next_batch`: up or down by the peak's distance
 to the budget, then between the largest batch that fitted and the smallest
 that did not) until the two are 1 apart and the largest batch that fitted has
-fitted in ``--confirm N`` processes. That batch is recommended, with the figures
-of its slowest process; a process that did not fit a batch seen to fit before
-makes the bracket go on below it. What is recommended no longer depends on
-the trial's probe path (memory-scheduled configs: the same batch every run).
+fitted in ``--confirm N`` processes. That batch is recommended, with the
+throughput of its fastest process there and the highest peak; a process that
+did not fit a batch seen to fit before makes the bracket go on below it.
+Where fitting is monotone in the batch near the limit, the batch found does
+not depend on the trial's probe path; a config whose peak repeats across
+processes (memory-scheduled, pinned whole) then gets the same batch every run.
 Only the largest-batch goal is confirmed (at ``--batch N`` a trial is one such run).
 
 The runs are stored on the study (user attr ``"confirmations"``: trial number
@@ -57,10 +59,13 @@ CONFIRMATIONS_ATTR = "confirmations"
 METHOD = "fresh-process-per-batch"
 #: Fresh processes per confirmed trial beyond the ``--confirm`` repeats (the bracket usually closes in 3-5).
 EXTRA_PROCESSES = 8
+#: Rounds of (select with the confirmed figures, confirm what it points at); each confirms up to 3 configs.
+MAX_ROUNDS = 3
 #: What a confirmed figure is, in words (recommended.json's ``confirmation.rule``).
 RULE = ("the largest batch that fitted the budget as the first batch of a fresh process, in each of the {n} fresh "
         "processes that ran it, with the next batch up seen not to fit (one batch per process: a batch's peak "
-        "depends on the batches run before it in a process); the figures are its slowest process's")
+        "depends on the batches run before it in a process); throughput: its fastest process there (noise only "
+        "slows a run down); peak: the highest there")
 
 _VERDICT = {"ok": True, "infeasible": False, "oom": False}
 
@@ -130,56 +135,79 @@ def next_batch(runs: Sequence[Mapping[str, Any]], *, start: int, repeats: int, c
 
 def confirm_recommendation(run: "SearchRun", backend: "Backend", *, gpu: str | None,
                            measure: Callable[..., Any] = run_worker) -> list[str]:
-    """Measure the would-be recommendation and the baseline again (see the module docstring); returns notes.
+    """Measure the would-be recommendation, the baseline and the largest batch again; returns notes.
 
-    Runs until each one's bracket is closed (`next_batch`), the deadline passes
-    (then a note says so), or the search is interrupted.
+    In rounds: the recommendation rule (`tuner.outputs.select_recommendation`)
+    applied to the figures confirmed so far picks a config; it, the no-LMS
+    baseline and the front's largest batch are confirmed (see the module
+    docstring); until the rule's pick is a confirmed config (at most
+    `MAX_ROUNDS`), the deadline passes (then a note says so), or the search is
+    interrupted. The largest batch takes part because the throughput rule
+    compares throughputs measured minutes apart, on a machine whose speed moves
+    (one search measured its no-LMS trial at 87.9 samples/s and its LMS trials
+    at 63-66: 0.72x, and recommended no LMS, where other searches measured
+    0.9-1.2x): its fresh processes and the baseline's, best of each, decide.
     """
     from .outputs import baseline_trial, select_recommendation
 
     s = run.settings
     if s.confirm <= 0 or s.batch is not None:
         return []
-    trials = run.main.get_trials(deepcopy=False)
-    chosen, _ = select_recommendation(trials, prefer=s.prefer, min_throughput_ratio=s.min_throughput_ratio)
-    if chosen is None or not chosen.user_attrs.get("measured"):
-        return []
-    todo = [chosen]
-    base = baseline_trial(trials)
-    if (base is not None and base.number != chosen.number and base.user_attrs.get("measured")
-            and base.user_attrs.get("status") == "ok"):
-        todo.append(base)
     notes: list[str] = []
-    for t in todo:
-        entry = _stored(run.main).get(str(t.number)) or {}
-        runs = list(entry.get("runs") or []) if entry.get("method") == METHOD else []
-        pred = run.predict(_config(t))
-        while True:
-            batch = next_batch(runs, start=int(t.user_attrs["batch_size"]), repeats=s.confirm, cap=s.max_batch,
-                               usable=run.usable, slope=pred.slope_bytes_per_sample,
-                               max_processes=s.confirm + EXTRA_PROCESSES)
-            if batch is None:
-                if runs and not (entry.get("closed") and len(entry.get("runs") or []) == len(runs)):
-                    with run.ask_lock():
-                        stored = _stored(run.main)
-                        stored[str(t.number)] = {**stored.get(str(t.number), {}), "closed": True}
-                        run.main.set_user_attr(CONFIRMATIONS_ATTR, stored)
-                break
-            outcome = None
-            if run.deadline is None or time.monotonic() < run.deadline:
-                outcome = _run_once(run, backend, t, batch, len(runs) + 1, gpu=gpu, measure=measure)
-            if outcome is None:  # the deadline passed before or while it ran
-                notes.append(f"trial {t.number} was measured in {len(runs)} fresh processes, its bracket not yet "
-                             "closed: the time limit (--timeout) was reached; resume the search to measure the rest")
+    done: set[int] = set()
+    for _round in range(MAX_ROUNDS):
+        trials = run.main.get_trials(deepcopy=False)
+        stored = _stored(run.main)
+        chosen, front = select_recommendation(trials, prefer=s.prefer, min_throughput_ratio=s.min_throughput_ratio,
+                                              confirmations=stored)
+        if chosen is None:
+            return notes
+        base = baseline_trial(trials)
+        largest = max(front, key=lambda t: (t.values[0], t.values[1]))
+        todo = [t for t in (chosen, base, largest)
+                if t is not None and t.user_attrs.get("measured") and t.user_attrs.get("status") == "ok"
+                and t.number not in done]
+        todo = list({t.number: t for t in todo}.values())
+        if not todo:
+            return notes
+        for t in todo:
+            if not _bracket(run, backend, t, gpu=gpu, measure=measure, notes=notes):
                 return notes
-            runs.append(outcome)
-            with run.ask_lock():
-                stored = _stored(run.main)
-                stored[str(t.number)] = {"config": dict(t.user_attrs["config"]), "method": METHOD,
-                                         "trial_batch": int(t.user_attrs["batch_size"]), "runs": runs,
-                                         "closed": False}
-                run.main.set_user_attr(CONFIRMATIONS_ATTR, stored)
+            done.add(t.number)
     return notes
+
+
+def _bracket(run: "SearchRun", backend: "Backend", t: Any, *, gpu: str | None, measure: Callable[..., Any],
+             notes: list[str]) -> bool:
+    """Run trial `t`'s fresh processes until `next_batch` says done (False: the deadline came first)."""
+    s = run.settings
+    entry = _stored(run.main).get(str(t.number)) or {}
+    runs = list(entry.get("runs") or []) if entry.get("method") == METHOD else []
+    pred = run.predict(_config(t))
+    while True:
+        batch = next_batch(runs, start=int(t.user_attrs["batch_size"]), repeats=s.confirm, cap=s.max_batch,
+                           usable=run.usable, slope=pred.slope_bytes_per_sample,
+                           max_processes=s.confirm + EXTRA_PROCESSES)
+        if batch is None:
+            if runs and not (entry.get("closed") and len(entry.get("runs") or []) == len(runs)):
+                with run.ask_lock():
+                    stored = _stored(run.main)
+                    stored[str(t.number)] = {**stored.get(str(t.number), {}), "closed": True}
+                    run.main.set_user_attr(CONFIRMATIONS_ATTR, stored)
+            return True
+        outcome = None
+        if run.deadline is None or time.monotonic() < run.deadline:
+            outcome = _run_once(run, backend, t, batch, len(runs) + 1, gpu=gpu, measure=measure)
+        if outcome is None:  # the deadline passed before or while it ran
+            notes.append(f"trial {t.number} was measured in {len(runs)} fresh processes, its bracket not yet "
+                         "closed: the time limit (--timeout) was reached; resume the search to measure the rest")
+            return False
+        runs.append(outcome)
+        with run.ask_lock():
+            stored = _stored(run.main)
+            stored[str(t.number)] = {"config": dict(t.user_attrs["config"]), "method": METHOD,
+                                     "trial_batch": int(t.user_attrs["batch_size"]), "runs": runs, "closed": False}
+            run.main.set_user_attr(CONFIRMATIONS_ATTR, stored)
 
 
 def _config(t: Any) -> Any:
@@ -229,8 +257,10 @@ def _run_once(run: "SearchRun", backend: "Backend", t: Any, batch: int, k: int, 
 def confirmed_figures(trial: Any, confirmations: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Trial `trial`'s figures from its fresh processes (None: never re-measured this way, or nothing fitted).
 
-    ``batch_size`` is the bracket's ``lo`` (`next_batch`), ``throughput`` / ``peak_device_bytes`` /
-    ``step_time_median_s`` those of its slowest process there; ``closed``: whether the bracket was finished
+    ``batch_size`` is the bracket's ``lo`` (`next_batch`); ``throughput`` and ``step_time_median_s`` those of
+    its fastest process there (``process``: the machine's noise only slows a run down, as `timeit` says: one
+    ResNet-50 64x64 baseline ran batch 25 at 32.1 and 67.7 samples/s in two processes), ``peak_device_bytes``
+    the highest peak there; ``closed``: whether the bracket was finished
     (False: the time limit came first; ``batch_size`` did fit a fresh process); ``tried`` lists every process's batch and
     verdict in order, ``fits`` how many processes fitted ``batch_size``, ``smallest_failing`` the bracket's
     ``hi`` (None: nothing failed), ``unconfirmed`` the processes that gave no verdict (killed, timed out,
@@ -252,10 +282,11 @@ def confirmed_figures(trial: Any, confirmations: Mapping[str, Any] | None) -> di
         return None
     lo = max(fitted)
     at = [r for r in runs if r.get("status") == "ok" and int(r["batch"]) == lo]
-    slowest = min(at, key=lambda r: (r.get("throughput") or 0.0, -r["process"]))
-    return {"batch_size": lo, "throughput": slowest.get("throughput") or 0.0,
-            "peak_device_bytes": slowest.get("peak_device_bytes"),
-            "step_time_median_s": slowest.get("step_time_median_s"), "process": slowest["process"],
+    fastest = max(at, key=lambda r: (r.get("throughput") or 0.0, -r["process"]))
+    peaks = [int(r["peak_device_bytes"]) for r in at if r.get("peak_device_bytes")]
+    return {"batch_size": lo, "throughput": fastest.get("throughput") or 0.0,
+            "peak_device_bytes": max(peaks) if peaks else None,
+            "step_time_median_s": fastest.get("step_time_median_s"), "process": fastest["process"],
             "processes": len(runs), "fits": len(at), "smallest_failing": hi, "closed": bool(entry.get("closed")),
             "trial_batch": int(entry.get("trial_batch") or trial.user_attrs.get("batch_size") or 0),
             "tried": [[int(r["batch"]), {True: "fits", False: "no"}.get(_VERDICT.get(str(r.get("status"))), "?")]

@@ -82,9 +82,29 @@ def pareto_front(trials: Sequence[Any]) -> list[Any]:
     return unique
 
 
-def select_recommendation(trials: Sequence[Any], *, prefer: str = "batch",
-                          min_throughput_ratio: float = 0.8) -> tuple[Any | None, list[Any]]:
-    """(chosen trial or None, the Pareto front) among the feasible `trials` (see module docstring)."""
+class _Confirmed:
+    """A trial seen through its figures from fresh processes (`tuner.confirm`): its values are those."""
+
+    def __init__(self, trial: Any, figures: Mapping[str, Any]) -> None:
+        self._trial = trial
+        self.values = [float(figures["batch_size"]), float(figures["throughput"])]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trial, name)
+
+
+def select_recommendation(trials: Sequence[Any], *, prefer: str = "batch", min_throughput_ratio: float = 0.8,
+                          confirmations: Mapping[str, Any] | None = None) -> tuple[Any | None, list[Any]]:
+    """(chosen trial or None, the Pareto front) among the feasible `trials` (see module docstring).
+
+    A trial re-measured in fresh processes (`confirmations`, `tuner.confirm`) takes part with its confirmed
+    batch and throughput: the throughput rule then compares figures measured the same way (one ResNet-50
+    64x64 search's no-LMS trial ran at 87.9 samples/s and its LMS trials at 63-66, where other searches
+    measured the same configs the other way round).
+    """
+    if confirmations:
+        trials = [_Confirmed(t, f) if (f := confirmed_figures(t, confirmations)) is not None else t
+                  for t in trials]
     front = pareto_front(feasible_trials(trials))
     if not front:
         return None, front
@@ -134,6 +154,9 @@ def _confirmation_line(conf: Mapping[str, Any]) -> str:
 
 def _figures(t: Any) -> dict[str, Any]:
     a = t.user_attrs
+    if isinstance(t, _Confirmed):  # the fresh processes' figures (see select_recommendation)
+        return {"batch_size": int(t.values[0]), "throughput": t.values[1], "peak_device_bytes": a.get("peak_device_bytes"),
+                "confirmed": True}
     return {"batch_size": int(a.get("batch_size") or 0), "throughput": float(a.get("throughput") or 0.0),
             "peak_device_bytes": a.get("peak_device_bytes")}
 
@@ -358,7 +381,8 @@ def write_outputs(study_dir: Path, *, main: Any, screen: Any | None, settings: "
     csv_path = write_trials_csv(study_dir / "trials.csv", studies)
     trials = main.get_trials(deepcopy=False)
     chosen, front = select_recommendation(trials, prefer=settings.prefer,
-                                          min_throughput_ratio=settings.min_throughput_ratio)
+                                          min_throughput_ratio=settings.min_throughput_ratio,
+                                          confirmations=main.user_attrs.get(CONFIRMATIONS_ATTR))
     fallback = ""
     if chosen is None and screen is not None:
         trials = screen.get_trials(deepcopy=False)

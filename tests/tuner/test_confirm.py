@@ -160,8 +160,8 @@ def test_confirmed_figures_take_the_bracket_and_name_runs_without_a_verdict() ->
              "step_time_median_s": 1.9}]
     got = confirmed_figures(trial, {"7": {"method": METHOD, "runs": runs, "trial_batch": 140}})
     assert got["batch_size"] == 136 and got["smallest_failing"] == 138 and got["fits"] == 2
-    assert got["throughput"] == 70.0 and got["process"] == 6  # the slower of the two at 136
-    assert got["peak_device_bytes"] == 6 and got["step_time_median_s"] == 1.9
+    assert got["throughput"] == 80.0 and got["process"] == 2  # the faster of the two at 136 ...
+    assert got["peak_device_bytes"] == 6 and got["step_time_median_s"] == 1.7  # ... and the higher peak there
     assert got["tried"] == [[140, "no"], [136, "fits"], [138, "?"], [138, "fits"], [138, "no"], [136, "fits"]]
     assert got["processes"] == 6 and got["trial_batch"] == 140
     assert got["closed"] is False  # stored without "closed": the time limit came before the bracket closed
@@ -172,3 +172,28 @@ def test_confirmed_figures_take_the_bracket_and_name_runs_without_a_verdict() ->
     assert confirmed_figures(trial, {"7": {"runs": runs}}) is None
     # nothing fitted: no confirmed figures
     assert confirmed_figures(trial, {"7": {"method": METHOD, "runs": runs[:1]}}) is None
+
+
+def test_the_throughput_rule_reads_the_confirmed_figures() -> None:
+    """A search measured its no-LMS trial at 87.9 samples/s and its LMS trial at 63.4 (0.72x: no LMS would be
+    recommended); their fresh processes, best of each, say 67.7 and 74.3: the LMS config is."""
+    from tuner.outputs import select_recommendation
+
+    def trial(number: int, batch: int, thr: float, n: int) -> SimpleNamespace:
+        return SimpleNamespace(number=number, state=SimpleNamespace(name="COMPLETE"), values=[batch, thr],
+                               constraints={"memory": -0.1}, params={},
+                               user_attrs={"status": "ok", "batch_size": batch, "throughput": thr, "measured": True,
+                                           "config": {"n_tensors": n}, "peak_device_bytes": 1})
+
+    def confirmed(batch: int, thr: float) -> dict:
+        return {"method": METHOD, "closed": True,
+                "runs": [{"process": 1, "batch": batch, "status": "ok", "throughput": thr, "peak_device_bytes": 2},
+                         {"process": 2, "batch": batch + 1, "status": "infeasible"},
+                         {"process": 3, "batch": batch, "status": "ok", "throughput": thr - 10, "peak_device_bytes": 3}]}
+
+    trials = [trial(0, 30, 87.9, 0), trial(3, 164, 63.4, 170)]
+    assert select_recommendation(trials)[0].number == 0
+    confirmations = {"0": confirmed(28, 67.7), "3": confirmed(175, 74.3)}
+    chosen, front = select_recommendation(trials, confirmations=confirmations)
+    assert chosen.number == 3 and chosen.values == [175.0, 74.3]
+    assert [t.values for t in front] == [[175.0, 74.3]]  # it dominates the baseline now
