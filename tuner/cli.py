@@ -239,11 +239,11 @@ def _add_search(sub: Any) -> None:
                    help="trial workers in parallel: gpu backend: one on each of GPUs 0..N-1 (same as --gpus); "
                         "emulated: N on the CPU, whose timings then interfere (default: %(default)s)")
     p.add_argument("--confirm", type=_int_at_least(0, 10), default=2, metavar="N",
-                   help="gpu/emulated, largest-batch searches: measure the recommended config and the no-LMS "
-                        "baseline again with one batch per fresh process (as a training run starts), bracketing "
-                        "the largest batch that fits from the trial's, and recommend it once it fitted in N "
-                        "processes (a batch's peak depends on the batches run before it in a process); "
-                        "0: off (default: %(default)s)")
+                   help="gpu/emulated, largest-batch searches: measure the largest batch found, the no-LMS "
+                        "baseline and the recommended config again with one batch per fresh process (as a "
+                        "training run starts), bracketing the largest batch that fits from the trial's, until it "
+                        "fitted in N processes, and recommend from those figures (a batch's peak depends on the "
+                        "batches run before it in a process); 0: off (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print recommended.json to stdout instead of a summary")
     p.add_argument("--reports-dir", type=Path, default=Path("reports"), metavar="DIR",
                    help="where the HTML report is written at the end (default: reports/<study>/)")

@@ -137,11 +137,11 @@ def confirm_recommendation(run: "SearchRun", backend: "Backend", *, gpu: str | N
                            measure: Callable[..., Any] = run_worker) -> list[str]:
     """Measure the would-be recommendation, the baseline and the largest batch again; returns notes.
 
-    In rounds: the recommendation rule (`tuner.outputs.select_recommendation`)
-    applied to the figures confirmed so far picks a config; it, the no-LMS
-    baseline and the front's largest batch are confirmed (see the module
-    docstring); until the rule's pick is a confirmed config (at most
-    `MAX_ROUNDS`), the deadline passes (then a note says so), or the search is
+    In rounds: first the front's largest batch and the no-LMS baseline are
+    confirmed (see the module docstring); then the recommendation rule
+    (`tuner.outputs.select_recommendation`) applied to the figures confirmed so
+    far picks a config, which is confirmed if it was not; until the rule's pick
+    is a confirmed config (at most `MAX_ROUNDS`), the deadline passes (then a note says so), or the search is
     interrupted. The largest batch takes part because the throughput rule
     compares throughputs measured minutes apart, on a machine whose speed moves
     (one search measured its no-LMS trial at 87.9 samples/s and its LMS trials
@@ -164,7 +164,9 @@ def confirm_recommendation(run: "SearchRun", backend: "Backend", *, gpu: str | N
             return notes
         base = baseline_trial(trials)
         largest = max(front, key=lambda t: (t.values[0], t.values[1]))
-        todo = [t for t in (chosen, base, largest)
+        # the largest batch and the baseline first: when the largest passes the throughput rule with
+        # confirmed figures it is the pick, and the rule's first pick need not be measured again
+        todo = [t for t in ((largest, base) if _round == 0 else (chosen, base, largest))
                 if t is not None and t.user_attrs.get("measured") and t.user_attrs.get("status") == "ok"
                 and t.number not in done]
         todo = list({t.number: t for t in todo}.values())
@@ -257,13 +259,13 @@ def _run_once(run: "SearchRun", backend: "Backend", t: Any, batch: int, k: int, 
 def confirmed_figures(trial: Any, confirmations: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Trial `trial`'s figures from its fresh processes (None: never re-measured this way, or nothing fitted).
 
-    ``batch_size`` is the bracket's ``lo`` (`next_batch`); ``throughput`` and ``step_time_median_s`` those of
-    its fastest process there (``process``: the machine's noise only slows a run down, as `timeit` says: one
-    ResNet-50 64x64 baseline ran batch 25 at 32.1 and 67.7 samples/s in two processes), ``peak_device_bytes``
-    the highest peak there; ``closed``: whether the bracket was finished
-    (False: the time limit came first; ``batch_size`` did fit a fresh process); ``tried`` lists every process's batch and
-    verdict in order, ``fits`` how many processes fitted ``batch_size``, ``smallest_failing`` the bracket's
-    ``hi`` (None: nothing failed), ``unconfirmed`` the processes that gave no verdict (killed, timed out,
+    ``batch_size`` is the bracket's ``lo`` (`next_batch`); ``throughput`` and ``step_time_median_s`` those
+    of its fastest process there (``process``: the machine's noise only slows a run down, as `timeit` says:
+    one ResNet-50 64x64 baseline ran batch 25 at 32.1 and 67.7 samples/s in two processes);
+    ``peak_device_bytes`` the highest peak there; ``closed`` whether the bracket was finished (False: the
+    time limit came first; ``batch_size`` did fit a fresh process); ``tried`` every process's batch and
+    verdict in order; ``fits`` how many processes fitted ``batch_size``; ``smallest_failing`` the bracket's
+    ``hi`` (None: nothing failed); ``unconfirmed`` the processes that gave no verdict (killed, timed out,
     failed).
     """
     entry = (confirmations or {}).get(str(trial.number))
@@ -293,5 +295,6 @@ def confirmed_figures(trial: Any, confirmations: Mapping[str, Any] | None) -> di
                       for r in runs],
             "runs": runs,
             "unconfirmed": [{"process": r["process"], "batch": r["batch"], "status": r.get("status"),
-                             "reason": r.get("reason", "")} for r in runs if _VERDICT.get(str(r.get("status"))) is None],
+                             "reason": r.get("reason", "")}
+                            for r in runs if _VERDICT.get(str(r.get("status"))) is None],
             "rule": RULE.format(n=len(at))}

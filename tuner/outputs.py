@@ -155,15 +155,16 @@ def _confirmation_line(conf: Mapping[str, Any]) -> str:
 def _figures(t: Any) -> dict[str, Any]:
     a = t.user_attrs
     if isinstance(t, _Confirmed):  # the fresh processes' figures (see select_recommendation)
-        return {"batch_size": int(t.values[0]), "throughput": t.values[1], "peak_device_bytes": a.get("peak_device_bytes"),
-                "confirmed": True}
+        return {"batch_size": int(t.values[0]), "throughput": t.values[1],
+                "peak_device_bytes": a.get("peak_device_bytes"), "confirmed": True}
     return {"batch_size": int(a.get("batch_size") or 0), "throughput": float(a.get("throughput") or 0.0),
             "peak_device_bytes": a.get("peak_device_bytes")}
 
 
 #: What recommended.json's ``confirmation`` holds of `tuner.confirm.confirmed_figures` (plus ``runs`` and
 #: ``rule`` for the recommendation itself).
-_CONFIRMATION_KEYS = ("batch_size", "closed", "processes", "fits", "process", "trial_batch", "smallest_failing", "tried", "unconfirmed")
+_CONFIRMATION_KEYS = ("batch_size", "closed", "processes", "fits", "process", "trial_batch", "smallest_failing",
+                      "tried", "unconfirmed")
 
 
 def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trials: Sequence[Any],

@@ -189,7 +189,8 @@ def test_the_throughput_rule_reads_the_confirmed_figures() -> None:
         return {"method": METHOD, "closed": True,
                 "runs": [{"process": 1, "batch": batch, "status": "ok", "throughput": thr, "peak_device_bytes": 2},
                          {"process": 2, "batch": batch + 1, "status": "infeasible"},
-                         {"process": 3, "batch": batch, "status": "ok", "throughput": thr - 10, "peak_device_bytes": 3}]}
+                         {"process": 3, "batch": batch, "status": "ok", "throughput": thr - 10,
+                          "peak_device_bytes": 3}]}
 
     trials = [trial(0, 30, 87.9, 0), trial(3, 164, 63.4, 170)]
     assert select_recommendation(trials)[0].number == 0
