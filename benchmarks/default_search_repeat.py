@@ -10,7 +10,7 @@ largest batch of every process that measured them (``--confirm``); then the
 spread of the recommended batches, ``(max - min) / min`` (issue 14's target:
 within 5%).
 
-    nice -n 10 python benchmarks/default_search_repeat.py --runs 3     # about 6 min a run on 2 cores
+    nice -n 10 python benchmarks/default_search_repeat.py --runs 3     # 11-15 min a run on 2 cores
 
 Writes benchmarks/results/default_search_repeat.json and, per run,
 ``<tag>_recommended.json``, ``<tag>_trials.csv`` and ``<tag>_stdout.txt`` in
