@@ -90,22 +90,10 @@ def next_batch(runs: Sequence[Mapping[str, Any]], *, start: int, repeats: int, c
     """
     if len(runs) >= max_processes:
         return None
-    verdicts: dict[int, list[bool]] = {}
-    peaks: dict[int, int] = {}
-    for r in runs:
-        ok = _VERDICT.get(str(r.get("status")))
-        if ok is None:
-            continue
-        b = int(r["batch"])
-        verdicts.setdefault(b, []).append(ok)
-        if r.get("peak_device_bytes"):
-            peaks[b] = max(peaks.get(b, 0), int(r["peak_device_bytes"]))
+    verdicts, peaks = _verdicts(runs)
     if not verdicts:
         return min(max(1, int(start)), cap)
-    failed = [b for b, v in verdicts.items() if not all(v)]
-    hi = min(failed) if failed else None
-    fitted = [b for b, v in verdicts.items() if all(v) and (hi is None or b < hi)]
-    lo = max(fitted) if fitted else None
+    lo, hi, fitted, failed = _ends(verdicts)
     if lo is None:  # shrink: nothing fitted yet
         assert hi is not None
         if hi <= 1:
@@ -131,6 +119,29 @@ def next_batch(runs: Sequence[Mapping[str, Any]], *, start: int, repeats: int, c
         margin = max(1, (hi - lo) // 8)
         return min(hi - margin, max(lo + margin, guess))
     return lo if len(verdicts[lo]) < repeats else None
+
+
+def _verdicts(runs: Sequence[Mapping[str, Any]]) -> tuple[dict[int, list[bool]], dict[int, int]]:
+    """Per batch: the verdicts of the processes that gave one (`_VERDICT`), and the highest peak seen."""
+    verdicts: dict[int, list[bool]] = {}
+    peaks: dict[int, int] = {}
+    for r in runs:
+        ok = _VERDICT.get(str(r.get("status")))
+        if ok is None:
+            continue
+        b = int(r["batch"])
+        verdicts.setdefault(b, []).append(ok)
+        if r.get("peak_device_bytes"):
+            peaks[b] = max(peaks.get(b, 0), int(r["peak_device_bytes"]))
+    return verdicts, peaks
+
+
+def _ends(verdicts: Mapping[int, list[bool]]) -> tuple[int | None, int | None, list[int], list[int]]:
+    """(lo, hi, the batches that fitted below hi, the batches that failed) of the bracket (see `next_batch`)."""
+    failed = [b for b, v in verdicts.items() if not all(v)]
+    hi = min(failed) if failed else None
+    fitted = [b for b, v in verdicts.items() if all(v) and (hi is None or b < hi)]
+    return (max(fitted) if fitted else None), hi, fitted, failed
 
 
 def confirm_recommendation(run: "SearchRun", backend: "Backend", *, gpu: str | None,
@@ -272,17 +283,9 @@ def confirmed_figures(trial: Any, confirmations: Mapping[str, Any] | None) -> di
     if not entry or entry.get("method") != METHOD or not entry.get("runs"):
         return None
     runs = list(entry["runs"])
-    verdicts: dict[int, list[bool]] = {}
-    for r in runs:
-        ok = _VERDICT.get(str(r.get("status")))
-        if ok is not None:
-            verdicts.setdefault(int(r["batch"]), []).append(ok)
-    failed = [b for b, v in verdicts.items() if not all(v)]
-    hi = min(failed) if failed else None
-    fitted = [b for b, v in verdicts.items() if all(v) and (hi is None or b < hi)]
-    if not fitted:
+    lo, hi, _, _ = _ends(_verdicts(runs)[0])
+    if lo is None:
         return None
-    lo = max(fitted)
     at = [r for r in runs if r.get("status") == "ok" and int(r["batch"]) == lo]
     fastest = max(at, key=lambda r: (r.get("throughput") or 0.0, -r["process"]))
     peaks = [int(r["peak_device_bytes"]) for r in at if r.get("peak_device_bytes")]

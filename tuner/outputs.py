@@ -33,7 +33,7 @@ from .backends import Backend, get_backend
 from .budget import format_bytes
 from .confirm import CONFIRMATIONS_ATTR, confirmed_figures
 from .knobs import KNOB_TABLE, KnobTable
-from .pareto import dominates
+from .pareto import dominates, rule_pick
 
 if TYPE_CHECKING:
     from .settings import SearchSettings
@@ -108,13 +108,7 @@ def select_recommendation(trials: Sequence[Any], *, prefer: str = "batch", min_t
     front = pareto_front(feasible_trials(trials))
     if not front:
         return None, front
-    if prefer == "throughput":
-        return max(front, key=lambda t: (t.values[1], t.values[0])), front
-    if prefer != "batch":
-        raise ValueError(f"prefer={prefer!r}: use 'batch' or 'throughput'")
-    best = max(t.values[1] for t in front)
-    eligible = [t for t in front if t.values[1] >= min_throughput_ratio * best] or front
-    return max(eligible, key=lambda t: (t.values[0], t.values[1])), front
+    return rule_pick(front, prefer=prefer, min_throughput_ratio=min_throughput_ratio), front
 
 
 def throughput_peak_front(trials: Sequence[Any]) -> list[Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Sequence
 
-__all__ = ["dominates", "pareto_picks"]
+__all__ = ["dominates", "pareto_picks", "rule_pick"]
 
 
 def dominates(a: Sequence[float], b: Sequence[float], *, maximize: Sequence[bool] | None = None) -> bool:
@@ -21,6 +21,23 @@ def dominates(a: Sequence[float], b: Sequence[float], *, maximize: Sequence[bool
             return False
         better = better or x * s > y * s
     return better
+
+
+def rule_pick(points: Sequence[Any], *, prefer: str = "batch", min_throughput_ratio: float = 0.8,
+              best_throughput: float | None = None) -> Any:
+    """The recommendation rule on `points` (non-empty; ``values`` = (batch, throughput)).
+
+    ``prefer="batch"``: the largest batch whose throughput is at least
+    `min_throughput_ratio` x `best_throughput` (default: the best of `points`),
+    or the largest batch if none is; ``"throughput"``: the fastest.
+    """
+    if prefer == "throughput":
+        return max(points, key=lambda t: (t.values[1], t.values[0]))
+    if prefer != "batch":
+        raise ValueError(f"prefer={prefer!r}: use 'batch' or 'throughput'")
+    best = max(t.values[1] for t in points) if best_throughput is None else best_throughput
+    eligible = [t for t in points if t.values[1] >= min_throughput_ratio * best] or points
+    return max(eligible, key=lambda t: (t.values[0], t.values[1]))
 
 
 def pareto_picks(trials: Sequence[Any], k: int, *, exclude: Iterable[str] = (), table: Any = None,
@@ -59,12 +76,8 @@ def pareto_picks(trials: Sequence[Any], k: int, *, exclude: Iterable[str] = (), 
     b_max = max(t.values[0] for t in front) or 1.0
     r_max = max(t.values[1] for t in front) or 1.0
     points = {t.number: (t.values[0] / b_max, t.values[1] / r_max) for t in front}
-    if prefer == "throughput":
-        first = max(front, key=lambda t: (t.values[1], t.values[0]))
-    else:
-        fast = [t for t in front if t.values[1] >= min_throughput_ratio * best_throughput] or front
-        first = max(fast, key=lambda t: (t.values[0], t.values[1]))
-    picked = [first]
+    picked = [rule_pick(front, prefer=prefer, min_throughput_ratio=min_throughput_ratio,
+                        best_throughput=best_throughput)]
     while len(picked) < min(k, len(front)):
         rest = [t for t in front if t not in picked]
         far = max(rest, key=lambda t: min(math.dist(points[t.number], points[p.number]) for p in picked))

@@ -272,16 +272,16 @@ def _fake_fault(fault: str, request: MeasureRequest, events: _Events) -> Measure
         batch = max(1, batch * 3 // 4)
     if fault.startswith("fits"):  # peak = usable * batch / N
         limit = int(fault[4:])
+        batch = batch if request.fixed_batch else min(batch, limit)  # a search finds N
         peak = request.usable_bytes * batch // limit
-        if request.fixed_batch and batch > limit:
+        if batch > limit:
             return MeasureResult(status="infeasible", batch_size=0, throughput=0.0, peak_device_bytes=peak,
                                  peak_source="tf-bfc-cpu", fits_budget=False, injected_fault=fault,
                                  reason=f"batch {batch} does not fit (injected fault {fault})")
-        batch = min(batch, limit) if not request.fixed_batch else batch
         return MeasureResult(status="ok", batch_size=batch, throughput=100.0 + batch,
                              step_time_median_s=batch / (100.0 + batch), step_time_spread_s=0.0,
-                             peak_device_bytes=request.usable_bytes * batch // limit, peak_source="tf-bfc-cpu",
-                             fits_budget=True, injected_fault=fault)
+                             peak_device_bytes=peak, peak_source="tf-bfc-cpu", fits_budget=True,
+                             injected_fault=fault)
     return MeasureResult(status="ok", batch_size=batch, throughput=100.0 + batch,
                          step_time_median_s=batch / (100.0 + batch), step_time_spread_s=0.0,
                          peak_device_bytes=request.usable_bytes // 2, peak_source="tf-bfc-cpu", fits_budget=True,
