@@ -49,7 +49,8 @@ from .worker import run_worker
 if TYPE_CHECKING:
     from .backends.base import Backend, SearchRun
 
-__all__ = ["CONFIRMATIONS_ATTR", "METHOD", "confirm_recommendation", "confirmed_figures", "next_batch"]
+__all__ = ["CONFIRMATIONS_ATTR", "METHOD", "confirm_recommendation", "confirmed_figures", "next_batch",
+           "retime_in_fresh_processes"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,9 @@ CONFIRMATIONS_ATTR = "confirmations"
 METHOD = "fresh-process-per-batch"
 #: Fresh processes per confirmed trial beyond the ``--confirm`` repeats (the bracket usually closes in 3-5).
 EXTRA_PROCESSES = 8
+#: Fresh processes a trial's timed run may take when its in-process timed runs did not fit
+#: (`retime_in_fresh_processes`).
+RETIME_PROCESSES = 3
 #: Rounds of (select with the confirmed figures, confirm what it points at); each confirms up to 3 configs.
 MAX_ROUNDS = 3
 #: What a confirmed figure is, in words (recommended.json's ``confirmation.rule``).
@@ -196,6 +200,8 @@ def _bracket(run: "SearchRun", backend: "Backend", t: Any, *, gpu: str | None, m
     s = run.settings
     entry = _stored(run.main).get(str(t.number)) or {}
     runs = list(entry.get("runs") or []) if entry.get("method") == METHOD else []
+    # the batch the trial's own search found (its probes': a trial retimed in fresh processes stored it)
+    trial_batch = int((entry.get("trial_batch") if runs else None) or t.user_attrs["batch_size"])
     pred = run.predict(_config(t))
     while True:
         batch = next_batch(runs, start=int(t.user_attrs["batch_size"]), repeats=s.confirm, cap=s.max_batch,
@@ -210,7 +216,7 @@ def _bracket(run: "SearchRun", backend: "Backend", t: Any, *, gpu: str | None, m
             return True
         outcome = None
         if run.deadline is None or time.monotonic() < run.deadline:
-            outcome = _run_once(run, backend, t, batch, len(runs) + 1, gpu=gpu, measure=measure)
+            outcome = _run_once(run, backend, _config(t), t.number, batch, len(runs) + 1, gpu=gpu, measure=measure)
         if outcome is None:  # the deadline passed before or while it ran
             notes.append(f"trial {t.number} was measured in {len(runs)} fresh processes, its bracket not yet "
                          "closed: the time limit (--timeout) was reached; resume the search to measure the rest")
@@ -219,7 +225,7 @@ def _bracket(run: "SearchRun", backend: "Backend", t: Any, *, gpu: str | None, m
         with run.ask_lock():
             stored = _stored(run.main)
             stored[str(t.number)] = {"config": dict(t.user_attrs["config"]), "method": METHOD,
-                                     "trial_batch": int(t.user_attrs["batch_size"]), "runs": runs, "closed": False}
+                                     "trial_batch": trial_batch, "runs": runs, "closed": False}
             run.main.set_user_attr(CONFIRMATIONS_ATTR, stored)
 
 
@@ -233,21 +239,20 @@ def _stored(study: Any) -> dict[str, Any]:
     return {str(k): dict(v) for k, v in (study.user_attrs.get(CONFIRMATIONS_ATTR) or {}).items()}
 
 
-def _run_once(run: "SearchRun", backend: "Backend", t: Any, batch: int, k: int, *, gpu: str | None,
-              measure: Callable[..., Any]) -> dict[str, Any] | None:
-    """Fresh worker `k` runs trial `t`'s config at `batch` from its first step (None: stopped)."""
+def _run_once(run: "SearchRun", backend: "Backend", config: Any, number: int, batch: int, k: int, *,
+              gpu: str | None, measure: Callable[..., Any],
+              stop: Callable[[], bool] | None = None) -> dict[str, Any] | None:
+    """Fresh worker `k` runs trial `number`'s `config` at `batch` from its first step (None: stopped)."""
     s = run.settings
-    config = _config(t)
     request = MeasureRequest(
         workload=s.model, options=dict(s.model_options), config=config.to_dict(), backend=backend.name,
         usable_bytes=run.usable, start_batch=batch, cap=batch, fixed_batch=True, warmup=s.warmup, steps=s.steps,
-        seed=s.seed or 0, trial=t.number, confirm=k)
-    workdir = Path(s.study_dir) / "confirm" / f"{t.number:04d}-{k}"
-    log.info("confirming trial %d (%s): fresh process %d at batch %d", t.number,
-             run.space.table.short_label(config), k, batch)
+        seed=s.seed or 0, trial=number, confirm=k)
+    workdir = Path(s.study_dir) / "confirm" / f"{number:04d}-{k}"
+    log.info("trial %d (%s): fresh process %d at batch %d", number, run.space.table.short_label(config), k, batch)
 
     def should_stop() -> bool:
-        return run.deadline is not None and time.monotonic() >= run.deadline
+        return (run.deadline is not None and time.monotonic() >= run.deadline) or (stop is not None and stop())
 
     outcome = measure(request, workdir=workdir, timeout_s=s.trial_timeout_s, env=backend.worker_env(gpu=gpu),
                       should_stop=should_stop)
@@ -260,11 +265,47 @@ def _run_once(run: "SearchRun", backend: "Backend", t: Any, batch: int, k: int, 
         out.update(throughput=float(res.throughput or 0.0), peak_device_bytes=res.peak_device_bytes,
                    step_time_median_s=res.step_time_median_s)
     verdict = _VERDICT.get(outcome.status)
-    log.info("  trial %d, fresh process %d: batch %d %s (peak %s)", t.number, k, batch,
+    log.info("  trial %d, fresh process %d: batch %d %s (peak %s)", number, k, batch,
              {True: "fits", False: "does not fit"}.get(verdict, f"gave no verdict ({outcome.status}: "
                                                                 f"{out['reason']})"),
              format_bytes(out.get("peak_device_bytes")))
     return out
+
+
+def retime_in_fresh_processes(run: "SearchRun", backend: "Backend", config: Any, number: int, *, start: int,
+                              gpu: str | None, measure: Callable[..., Any] = run_worker,
+                              stop: Callable[[], bool] | None = None) -> list[dict[str, Any]] | None:
+    """A trial's timed run in fresh processes, when its probes fitted `start` but its in-process timed runs did not.
+
+    The timed runs follow the probes in the trial's process, whose history can
+    push their peak over the budget at every batch the search saw fit
+    (ResNet-50 64x64, ``n_tensors=170, lb=1, schedule="memory"``: the probes
+    fitted 183 at 573.5 MB of 573.8, the timed runs at 183 and three smaller
+    batches peaked 575.5-588.7 MB; the same config fitted 175 as the first batch
+    of a fresh process in every search). So the timed run goes to a fresh process
+    at `start`, and, while it does not fit, lower (`next_batch`'s shrink step),
+    at most `RETIME_PROCESSES` processes; it stops at the first that fits. The
+    runs are stored as the trial's fresh-process runs (`CONFIRMATIONS_ATTR`), so
+    its confirmation goes on from them. Returns the runs (None: stopped).
+    """
+    pred = run.predict(config)
+    runs: list[dict[str, Any]] = []
+    batch: int | None = max(1, int(start))
+    while batch is not None:
+        out = _run_once(run, backend, config, number, batch, len(runs) + 1, gpu=gpu, measure=measure, stop=stop)
+        if out is None:
+            return None
+        runs.append(out)
+        with run.ask_lock():
+            stored = _stored(run.main)
+            stored[str(number)] = {"config": config.to_dict(), "method": METHOD, "trial_batch": int(start),
+                                   "runs": runs, "closed": False}
+            run.main.set_user_attr(CONFIRMATIONS_ATTR, stored)
+        if _VERDICT.get(out["status"]) is True:
+            break
+        batch = next_batch(runs, start=start, repeats=1, cap=batch, usable=run.usable,
+                           slope=pred.slope_bytes_per_sample, max_processes=RETIME_PROCESSES)
+    return runs
 
 
 def confirmed_figures(trial: Any, confirmations: Mapping[str, Any] | None) -> dict[str, Any] | None:

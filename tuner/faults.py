@@ -17,8 +17,10 @@ __all__ = ["FAULT_ENV", "FAULT_KINDS", "injected_fault"]
 #: trial N in a fresh process (`tuner.confirm`), where ``smaller`` returns a synthetic fitting result at
 #: 3/4 of the batch asked for (as a process whose op order peaks higher would); ``fitsN`` (e.g. ``fits120@3.*``,
 #: where ``N.*`` targets every re-measurement of trial N) acts out a config whose peak grows linearly to the
-#: usable budget at batch N: its search finds N, a run at one batch fits when that is at most N. Never set it
-#: outside tests.
+#: usable budget at batch N: its search finds N, a run at one batch fits when that is at most N; ``pathN`` is
+#: ``fitsN`` whose in-process timed runs do not fit: its search's probes fit the batch asked for, the worker
+#: reports them and ``infeasible`` (as a process whose history pushed every timed run over the budget), and
+#: its runs at one batch are ``fitsN``'s. Never set it outside tests.
 FAULT_ENV = "LMS_TUNER_FAULT"
 FAULT_KINDS = ("kill", "oom", "hang", "raise", "ok", "die", "rofs", "smaller")
 
@@ -33,6 +35,6 @@ def injected_fault(trial: int | None, spec: str | None = None, *, confirm: int =
     matches: dict[str, str] = {}
     for item in spec.split(","):
         kind, _, target = item.strip().partition("@")
-        if kind in FAULT_KINDS or (kind.startswith("fits") and kind[4:].isdigit()):
+        if kind in FAULT_KINDS or (kind.startswith(("fits", "path")) and kind[4:].isdigit()):
             matches.setdefault(target, kind)
     return matches.get(wanted) or (matches.get(f"{trial}.*") if confirm else None) or matches.get("*")

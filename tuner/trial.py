@@ -37,6 +37,8 @@ __all__ = ["main"]
 log = logging.getLogger(__name__)
 
 BAD_INPUT_EXIT = 2
+#: Timed runs a trial's worker tries after its probes, each at a smaller batch than the last.
+TIMED_ATTEMPTS = 2
 
 
 class _Events:
@@ -190,9 +192,11 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
                    peak_device_bytes=peak)
         return MeasureResult(**out)
     # The timed run is longer than a probe and its peak can come out higher (TF's allocator peak moves from
-    # step to step): it must fit too, else a smaller batch is timed (at most 4 times; `smaller_timed_batch`).
+    # step to step): it must fit too, else a smaller batch is timed (`smaller_timed_batch`), at most twice
+    # here: past that the process's history is to blame, and the parent times the trial in a fresh process
+    # (`tuner.confirm.retime_in_fresh_processes`; one search's four in-process timed runs all missed).
     batch, final = search.batch, None
-    for _attempt in range(4):
+    for _attempt in range(TIMED_ATTEMPTS):
         events.emit("phase", phase="timing", batch=batch)
         try:
             m = run(batch, warmup=request.warmup, steps=request.steps)
@@ -270,7 +274,14 @@ def _fake_fault(fault: str, request: MeasureRequest, events: _Events) -> Measure
     batch = max(1, request.start_batch)  # "ok", "rofs", "smaller", "fitsN": a synthetic result
     if fault == "smaller":
         batch = max(1, batch * 3 // 4)
-    if fault.startswith("fits"):  # peak = usable * batch / N
+    if fault.startswith("path") and not request.fixed_batch:  # the probes fit, the timed runs after them do not
+        return MeasureResult(status="infeasible", batch_size=0, throughput=0.0, peak_source="tf-bfc-cpu",
+                             search={"batch": batch, "peak_bytes": request.usable_bytes, "converged": True,
+                                     "probes": [{"batch": batch, "fits": True, "peak_bytes": request.usable_bytes,
+                                                 "oom": False}]},
+                             reason="the batches found by the search did not fit on their timed runs",
+                             injected_fault=fault)
+    if fault.startswith(("fits", "path")):  # peak = usable * batch / N
         limit = int(fault[4:])
         batch = batch if request.fixed_batch else min(batch, limit)  # a search finds N
         peak = request.usable_bytes * batch // limit

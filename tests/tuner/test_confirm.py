@@ -41,6 +41,7 @@ def test_fault_hook_targets_a_re_measurement() -> None:
     assert injected_fault(4, spec, confirm=1) == "ok"
     assert injected_fault(4, "smaller@3.1") is None
     assert injected_fault(3, "fits90@3.*") is None  # N.* is for re-measurements only
+    assert injected_fault(3, "path90@3") == "path90"
 
 
 def _runs(*pairs: tuple[int, str], peak_per_sample: int = 0) -> list[dict]:
@@ -198,3 +199,57 @@ def test_the_throughput_rule_reads_the_confirmed_figures() -> None:
     chosen, front = select_recommendation(trials, confirmations=confirmations)
     assert chosen.number == 3 and chosen.values == [175.0, 74.3]
     assert [t.values for t in front] == [[175.0, 74.3]]  # it dominates the baseline now
+
+
+def test_a_trial_whose_in_process_timed_runs_missed_is_timed_in_fresh_processes(tmp_path: Path, seed_graph) -> None:
+    # `pathN`: every trial's probes fit the batch they start at, its timed runs after them do not (the process's
+    # history), and a fresh process fits a batch when it is at most N
+    seed_graph(tmp_path / "studies", STUDY)
+    limit = 1000
+    doc = _search(tmp_path, "--confirm", "1", fault=f"path{limit}@*")
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'studies' / STUDY / 'study.db'}")
+    stored = study.user_attrs[CONFIRMATIONS_ATTR]
+    trials = [t for t in study.get_trials() if t.user_attrs.get("measured")]
+    assert len(trials) == 3
+    shrunk = 0
+    for t in trials:
+        a = t.user_attrs
+        fresh = a["timed_in_fresh_process"]
+        searched, tried = fresh["searched_batch"], fresh["tried"]
+        assert fresh["in_process_reason"] == "the batches found by the search did not fit on their timed runs"
+        # from the probes' batch down until a fresh process fits, at most 3 processes; the trial has its figures
+        assert tried[0][0] == searched and tried[-1] == [a["batch_size"], "ok"] and len(tried) <= 3
+        assert all(status == "infeasible" and b > limit for b, status in tried[:-1])
+        assert a["status"] == "ok" and a["batch_size"] == min(searched, a["batch_size"]) <= limit
+        assert t.values[1] == 100.0 + a["batch_size"]  # the synthetic worker's throughput at that batch
+        shrunk += len(tried) > 1
+        # stored as the trial's fresh-process runs (a confirmation goes on from them)
+        runs = stored[str(t.number)]["runs"]
+        assert [[r["batch"], r["status"]] for r in runs[:len(tried)]] == tried
+        assert stored[str(t.number)]["trial_batch"] == searched
+    assert shrunk >= 1  # some trial started above the limit (the batches probed: see `tried`)
+    # the recommendation's bracket went on from its trial's fresh runs to the limit
+    conf = doc["confirmation"]
+    assert doc["batch_size"] == conf["batch_size"] == limit and conf["smallest_failing"] == limit + 1
+    retimed = next(t for t in trials if t.number == doc["trial"]).user_attrs["timed_in_fresh_process"]
+    assert conf["trial_batch"] == retimed["searched_batch"]
+    assert conf["tried"][:len(retimed["tried"])] == [[b, "fits" if s == "ok" else "no"] for b, s in retimed["tried"]]
+
+
+def test_a_trial_no_fresh_process_fits_stays_infeasible_and_says_where_it_was_tried() -> None:
+    from lms.config import LMSConfig
+    from tuner.backends.measured import measured_record
+    from tuner.batch import Prediction
+    from tuner.protocol import MeasureResult
+    from tuner.worker import WorkerOutcome
+
+    res = MeasureResult(status="infeasible", reason="the batches found by the search did not fit on their timed runs",
+                        search={"batch": 40})
+    outcome = WorkerOutcome("infeasible", res, reason=res.reason)
+    retimed = [{"batch": 40, "status": "infeasible", "peak_device_bytes": 120}, {"batch": 30, "status": "timeout"}]
+    pred = Prediction(batch=40, peak_bytes=90, step_time_s=1.0, throughput=40.0)
+    record = measured_record(LMSConfig(), outcome, pred, backend=SimpleNamespace(name="emulated", peak_source="x"),
+                             usable=100, trial_dir=Path("t"), retimed=retimed)
+    assert record.status == "infeasible" and record.batch_size == 0
+    assert record.reason.endswith("; in fresh processes: batch 40 did not fit, batch 30 timeout")
+    assert record.extra["timed_in_fresh_process"]["tried"] == [[40, "infeasible"], [30, "timeout"]]

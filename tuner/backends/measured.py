@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..batch import Prediction
-from ..confirm import confirm_recommendation
+from ..confirm import confirm_recommendation, retime_in_fresh_processes
 from ..budget import format_bytes
 from ..loop import Interrupted, optimize
 from ..pareto import pareto_picks
@@ -177,7 +177,18 @@ class MeasuredBackend(Backend):
             return machine_error_record(config, f"{type(exc).__name__}: {exc}", backend=self, pred=pred)
         if outcome.status == "stopped":
             raise Interrupted()
-        return measured_record(config, outcome, pred, backend=self, usable=usable, trial_dir=trial_dir)
+        searched = _searched_batch(outcome)
+        retimed = None
+        if outcome.status == "infeasible" and s.batch is None and searched:
+            # the probes fitted, the timed runs after them in that process did not: time it in a fresh one
+            log.info("  trial %d: the probes fitted batch %d, the timed runs after them did not; timing it in a "
+                     "fresh process", trial.number, searched)
+            retimed = retime_in_fresh_processes(run, self, config, trial.number, start=searched, gpu=gpu,
+                                                stop=should_stop)
+            if retimed is None:
+                raise Interrupted()
+        return measured_record(config, outcome, pred, backend=self, usable=usable, trial_dir=trial_dir,
+                               retimed=retimed)
 
 
 def calibration(study: Any) -> tuple[float, bool]:
@@ -204,9 +215,19 @@ def calibration(study: Any) -> tuple[float, bool]:
     return factor, trust
 
 
+def _searched_batch(outcome: WorkerOutcome) -> int:
+    """The largest batch the worker's probes saw fit (0: none, or no search)."""
+    search = getattr(outcome.result, "search", None) or {}
+    return int(search.get("batch") or 0)
+
+
 def measured_record(config: Any, outcome: WorkerOutcome, pred: Prediction, *, backend: Backend,
-                    usable: int, trial_dir: Path) -> TrialRecord:
-    """A measure worker's outcome as a record (figures MEASURED; the prediction beside them)."""
+                    usable: int, trial_dir: Path, retimed: list[dict[str, Any]] | None = None) -> TrialRecord:
+    """A measure worker's outcome as a record (figures MEASURED; the prediction beside them).
+
+    `retimed`: the fresh processes that timed the trial after its in-process timed runs did not fit
+    (`tuner.confirm.retime_in_fresh_processes`); the last one fitted: the record has its figures.
+    """
     res = outcome.result
     probes = [e for e in outcome.events if e.get("event") == "probe"]
     extra: dict[str, Any] = {
@@ -222,6 +243,21 @@ def measured_record(config: Any, outcome: WorkerOutcome, pred: Prediction, *, ba
     common = dict(config=config, backend=backend.name, measured=True, predicted_peak_bytes=pred.peak_bytes,
                   predicted_throughput=pred.throughput)
     source = (res.peak_source if res is not None else "") or backend.peak_source
+    if retimed:
+        extra["timed_in_fresh_process"] = {
+            "searched_batch": _searched_batch(outcome), "in_process_reason": outcome.reason,
+            "tried": [[r["batch"], r["status"]] for r in retimed]}
+        last = retimed[-1]
+        if last["status"] == "ok":
+            peak = int(last["peak_device_bytes"])
+            extra["step_time_median_s"] = last.get("step_time_median_s")
+            return TrialRecord(status="ok", batch_size=int(last["batch"]), throughput=float(last["throughput"]),
+                               peak_device_bytes=peak, peak_source=source, constraint=peak / usable - 1.0,
+                               extra=extra, **common)
+        outcome = dataclasses.replace(outcome, reason=(
+            f"{outcome.reason}; in fresh processes: "
+            + ", ".join(f"batch {r['batch']} {'did not fit' if r['status'] in ('infeasible', 'oom') else r['status']}"
+                        for r in retimed)))
     if outcome.status == "ok":
         peak = int(res.peak_device_bytes)
         return TrialRecord(status="ok", batch_size=int(res.batch_size), throughput=float(res.throughput),
