@@ -18,15 +18,17 @@ So after the trials the config the search would recommend and the no-LMS
 baseline (the other side of the "x times larger batch" ratio) are measured
 that way: each fresh worker process runs one batch, from its first step (the
 warm-up and timed steps of ``--batch N``'s single run), and the batches are
-bracketed from the trial's (`next_batch`: up or down by the peak's distance
-to the budget, then between the largest batch that fitted and the smallest
-that did not) until the two are 1 apart and the largest batch that fitted has
-fitted in ``--confirm N`` processes. That batch is recommended, with the
-throughput of its fastest process there and the highest peak; a process that
-did not fit a batch seen to fit before makes the bracket go on below it.
-Where fitting is monotone in the batch near the limit, the batch found does
-not depend on the trial's probe path; a config whose peak repeats across
-processes (memory-scheduled, pinned whole) then gets the same batch every run.
+bracketed from the simulator's batch for the config (`next_batch`: up or down
+by the peak's distance to the budget, then between the largest batch that
+fitted and the smallest that did not) until the two are 1 apart and the
+largest batch that fitted has fitted in ``--confirm N`` processes. That batch
+is recommended, with the throughput of its fastest process there and the
+highest peak; a process that did not fit a batch seen to fit before makes the
+bracket go on below it. Fresh-process peaks are jagged in the batch (one
+pinned config: 160 did not fit, 161-175 did), so the bracket's answer depends
+on where it starts: it starts where the trials' probe paths cannot move it,
+and a config whose peak repeats across processes (memory-scheduled, pinned
+whole, to the byte) gets the same runs, and the same batch, in every search.
 Only the largest-batch goal is confirmed (at ``--batch N`` a trial is one such run).
 
 The runs are stored on the study (user attr ``"confirmations"``: trial number
@@ -200,11 +202,15 @@ def _bracket(run: "SearchRun", backend: "Backend", t: Any, *, gpu: str | None, m
     s = run.settings
     entry = _stored(run.main).get(str(t.number)) or {}
     runs = list(entry.get("runs") or []) if entry.get("method") == METHOD else []
-    # the batch the trial's own search found (its probes': a trial retimed in fresh processes stored it)
-    trial_batch = int((entry.get("trial_batch") if runs else None) or t.user_attrs["batch_size"])
     pred = run.predict(_config(t))
+    # The first process runs the simulator's batch for the config, not the trial's: the trial's depends on its
+    # probe path, and fresh-process peaks are jagged in the batch (ResNet-50 64x64, n_tensors=170, lb=1,
+    # memory: 160 peaked 575.3 MB, over the 573.8 usable, 161 567.1, 175 573.3, each to the byte in every
+    # process), so a bracket started at the trial's 160 closed at 159 and one started at its 161 at 175.
+    # From a start that does not depend on the trials a pinned config gets the same runs in every search.
+    start = int(entry.get("start") or (pred.batch if pred.batch > 0 else t.user_attrs["batch_size"]))
     while True:
-        batch = next_batch(runs, start=int(t.user_attrs["batch_size"]), repeats=s.confirm, cap=s.max_batch,
+        batch = next_batch(runs, start=start, repeats=s.confirm, cap=s.max_batch,
                            usable=run.usable, slope=pred.slope_bytes_per_sample,
                            max_processes=s.confirm + EXTRA_PROCESSES)
         if batch is None:
@@ -225,7 +231,8 @@ def _bracket(run: "SearchRun", backend: "Backend", t: Any, *, gpu: str | None, m
         with run.ask_lock():
             stored = _stored(run.main)
             stored[str(t.number)] = {"config": dict(t.user_attrs["config"]), "method": METHOD,
-                                     "trial_batch": trial_batch, "runs": runs, "closed": False}
+                                     "trial_batch": int(t.user_attrs["batch_size"]), "start": start, "runs": runs,
+                                     "closed": False}
             run.main.set_user_attr(CONFIRMATIONS_ATTR, stored)
 
 
@@ -240,15 +247,17 @@ def _stored(study: Any) -> dict[str, Any]:
 
 
 def _run_once(run: "SearchRun", backend: "Backend", config: Any, number: int, batch: int, k: int, *,
-              gpu: str | None, measure: Callable[..., Any],
-              stop: Callable[[], bool] | None = None) -> dict[str, Any] | None:
-    """Fresh worker `k` runs trial `number`'s `config` at `batch` from its first step (None: stopped)."""
+              gpu: str | None, measure: Callable[..., Any], stop: Callable[[], bool] | None = None,
+              workdir: Path | None = None) -> dict[str, Any] | None:
+    """Fresh worker `k` runs trial `number`'s `config` at `batch` from its first step (None: stopped).
+
+    Its folder: `workdir`, else ``studies/<study>/confirm/<trial>-<k>``."""
     s = run.settings
     request = MeasureRequest(
         workload=s.model, options=dict(s.model_options), config=config.to_dict(), backend=backend.name,
         usable_bytes=run.usable, start_batch=batch, cap=batch, fixed_batch=True, warmup=s.warmup, steps=s.steps,
         seed=s.seed or 0, trial=number, confirm=k)
-    workdir = Path(s.study_dir) / "confirm" / f"{number:04d}-{k}"
+    workdir = workdir or Path(s.study_dir) / "confirm" / f"{number:04d}-{k}"
     log.info("trial %d (%s): fresh process %d at batch %d", number, run.space.table.short_label(config), k, batch)
 
     def should_stop() -> bool:
@@ -283,24 +292,23 @@ def retime_in_fresh_processes(run: "SearchRun", backend: "Backend", config: Any,
     fitted 183 at 573.5 MB of 573.8, the timed runs at 183 and three smaller
     batches peaked 575.5-588.7 MB; the same config fitted 175 as the first batch
     of a fresh process in every search). So the timed run goes to a fresh process
-    at `start`, and, while it does not fit, lower (`next_batch`'s shrink step),
-    at most `RETIME_PROCESSES` processes; it stops at the first that fits. The
-    runs are stored as the trial's fresh-process runs (`CONFIRMATIONS_ATTR`), so
-    its confirmation goes on from them. Returns the runs (None: stopped).
+    (``studies/<study>/trials/<trial>/fresh-<k>``) at `start`, and, while it does
+    not fit, lower (`next_batch`'s shrink step), at most `RETIME_PROCESSES`
+    processes; it stops at the first that fits. Returns the runs (None: stopped).
+    They give the trial its figures; a confirmation of the trial does not start
+    from them (its start must not depend on the trial's probe path: `_bracket`).
     """
     pred = run.predict(config)
     runs: list[dict[str, Any]] = []
     batch: int | None = max(1, int(start))
+    trial_dir = Path(run.settings.study_dir) / "trials" / f"{number:04d}"
     while batch is not None:
-        out = _run_once(run, backend, config, number, batch, len(runs) + 1, gpu=gpu, measure=measure, stop=stop)
+        k = len(runs) + 1
+        out = _run_once(run, backend, config, number, batch, k, gpu=gpu, measure=measure, stop=stop,
+                        workdir=trial_dir / f"fresh-{k}")
         if out is None:
             return None
         runs.append(out)
-        with run.ask_lock():
-            stored = _stored(run.main)
-            stored[str(number)] = {"config": config.to_dict(), "method": METHOD, "trial_batch": int(start),
-                                   "runs": runs, "closed": False}
-            run.main.set_user_attr(CONFIRMATIONS_ATTR, stored)
         if _VERDICT.get(out["status"]) is True:
             break
         batch = next_batch(runs, start=start, repeats=1, cap=batch, usable=run.usable,
@@ -317,7 +325,8 @@ def confirmed_figures(trial: Any, confirmations: Mapping[str, Any] | None) -> di
     ``peak_device_bytes`` the highest peak there; ``closed`` whether the bracket was finished (False: the
     time limit came first; ``batch_size`` did fit a fresh process); ``tried`` every process's batch and
     verdict in order; ``fits`` how many processes fitted ``batch_size``; ``smallest_failing`` the bracket's
-    ``hi`` (None: nothing failed); ``unconfirmed`` the processes that gave no verdict (killed, timed out,
+    ``hi`` (None: nothing failed); ``start`` the first process's batch (the simulator's for the config; None in
+    older studies, which started at the trial's); ``unconfirmed`` the processes that gave no verdict (killed, timed out,
     failed).
     """
     entry = (confirmations or {}).get(str(trial.number))
@@ -335,6 +344,7 @@ def confirmed_figures(trial: Any, confirmations: Mapping[str, Any] | None) -> di
             "step_time_median_s": fastest.get("step_time_median_s"), "process": fastest["process"],
             "processes": len(runs), "fits": len(at), "smallest_failing": hi, "closed": bool(entry.get("closed")),
             "trial_batch": int(entry.get("trial_batch") or trial.user_attrs.get("batch_size") or 0),
+            "start": entry.get("start"),
             "tried": [[int(r["batch"]), {True: "fits", False: "no"}.get(_VERDICT.get(str(r.get("status"))), "?")]
                       for r in runs],
             "runs": runs,

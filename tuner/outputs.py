@@ -136,13 +136,15 @@ def baseline_trial(trials: Iterable[Any]) -> Any | None:
 
 
 def _confirmation_line(conf: Mapping[str, Any]) -> str:
-    """``batch 170 fitted in 2 fresh processes, 171 did not (the trial's 166; one batch per process: 166 fits,
-    170 fits, 171 no, 170 fits)``."""
+    """``batch 170 fitted in 2 fresh processes, 171 did not (the trial's 166, the simulator's 175; one batch per
+    process: 175 no, 170 fits, 171 no, 170 fits)``."""
     hi = conf.get("smallest_failing")
     tried = ", ".join(f"{b} {v}" for b, v in conf.get("tried") or ())
     return (f"batch {conf['batch_size']} fitted in {conf['fits']} fresh process{'es' if conf['fits'] != 1 else ''}"
             + (f", {hi} did not" if hi is not None else "")
-            + f" (the trial's {conf['trial_batch']}; one batch per process: {tried})"
+            + f" (the trial's {conf['trial_batch']}"
+            + (f", the simulator's {conf['start']}" if conf.get("start") else "")
+            + f"; one batch per process: {tried})"
             + ("" if conf.get("closed") else "; not finished (time limit): resume the search to finish it"))
 
 
@@ -157,8 +159,8 @@ def _figures(t: Any) -> dict[str, Any]:
 
 #: What recommended.json's ``confirmation`` holds of `tuner.confirm.confirmed_figures` (plus ``runs`` and
 #: ``rule`` for the recommendation itself).
-_CONFIRMATION_KEYS = ("batch_size", "closed", "processes", "fits", "process", "trial_batch", "smallest_failing",
-                      "tried", "unconfirmed")
+_CONFIRMATION_KEYS = ("batch_size", "closed", "processes", "fits", "process", "trial_batch", "start",
+                      "smallest_failing", "tried", "unconfirmed")
 
 
 def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trials: Sequence[Any],

@@ -118,6 +118,8 @@ def test_search_recommends_the_batch_fresh_processes_fit_and_resumes_from_the_st
     assert doc["batch_size"] == up and doc["tuned_for"] == {"batch_size": up}
     assert conf["batch_size"] == up and conf["fits"] == 2 and conf["smallest_failing"] == up + 1 and conf["closed"]
     assert conf["trial_batch"] == batch and conf["tried"][0] == [batch, "fits"]
+    # the first process ran the simulator's batch for the config (here the trial's too: `ok` fits its first probe)
+    assert conf["start"] == doc["predicted"]["batch_size"] == conf["tried"][0][0]
     assert conf["tried"][-1] == [up, "fits"] and [up + 1, "no"] in conf["tried"]
     assert doc["throughput"] == 100.0 + up  # the synthetic worker's throughput at that batch
     assert doc["baseline"]["batch_size"] == down and doc["baseline"]["confirmation"]["fits"] == 2
@@ -146,7 +148,7 @@ def test_search_recommends_the_batch_fresh_processes_fit_and_resumes_from_the_st
     assert more["confirmation"]["processes"] == conf["processes"] + 1
     proc = run_cli(["best", "--study", STUDY], cwd=tmp_path, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert f"batch {up} fitted in 3 fresh processes, {up + 1} did not (the trial's {batch};" in proc.stdout
+    assert f"batch {up} fitted in 3 fresh processes, {up + 1} did not (the trial's {batch}, the simulator's {batch};" in proc.stdout
 
 
 def test_confirmed_figures_take_the_bracket_and_name_runs_without_a_verdict() -> None:
@@ -223,17 +225,19 @@ def test_a_trial_whose_in_process_timed_runs_missed_is_timed_in_fresh_processes(
         assert a["status"] == "ok" and a["batch_size"] == min(searched, a["batch_size"]) <= limit
         assert t.values[1] == 100.0 + a["batch_size"]  # the synthetic worker's throughput at that batch
         shrunk += len(tried) > 1
-        # stored as the trial's fresh-process runs (a confirmation goes on from them)
-        runs = stored[str(t.number)]["runs"]
-        assert [[r["batch"], r["status"]] for r in runs[:len(tried)]] == tried
-        assert stored[str(t.number)]["trial_batch"] == searched
+        # each in a fresh process of its own, in the trial's folder, one batch each
+        requests = [json.loads((tmp_path / "studies" / STUDY / "trials" / f"{t.number:04d}" / f"fresh-{k}"
+                                / "request.json").read_text())["request"] for k in range(1, len(tried) + 1)]
+        assert [(r["start_batch"], r["cap"], r["fixed_batch"]) for r in requests] == [(b, b, True) for b, _ in tried]
     assert shrunk >= 1  # some trial started above the limit (the batches probed: see `tried`)
-    # the recommendation's bracket went on from its trial's fresh runs to the limit
+    # the recommendation's bracket started at the simulator's batch for the config, not at the trial's fresh
+    # runs (those depend on the trial's probe path), and closed at the limit
     conf = doc["confirmation"]
     assert doc["batch_size"] == conf["batch_size"] == limit and conf["smallest_failing"] == limit + 1
-    retimed = next(t for t in trials if t.number == doc["trial"]).user_attrs["timed_in_fresh_process"]
-    assert conf["trial_batch"] == retimed["searched_batch"]
-    assert conf["tried"][:len(retimed["tried"])] == [[b, "fits" if s == "ok" else "no"] for b, s in retimed["tried"]]
+    assert conf["start"] == doc["predicted"]["batch_size"] == conf["tried"][0][0]
+    assert stored[str(doc["trial"])]["start"] == conf["start"]
+    chosen = next(t for t in trials if t.number == doc["trial"]).user_attrs
+    assert conf["trial_batch"] == chosen["batch_size"]
 
 
 def test_a_trial_no_fresh_process_fits_stays_infeasible_and_says_where_it_was_tried() -> None:

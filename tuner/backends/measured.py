@@ -246,7 +246,7 @@ def measured_record(config: Any, outcome: WorkerOutcome, pred: Prediction, *, ba
     if retimed:
         extra["timed_in_fresh_process"] = {
             "searched_batch": _searched_batch(outcome), "in_process_reason": outcome.reason,
-            "tried": [[r["batch"], r["status"]] for r in retimed]}
+            "tried": [[r["batch"], r["status"]] for r in retimed], "runs": retimed}
         last = retimed[-1]
         if last["status"] == "ok":
             peak = int(last["peak_device_bytes"])
