@@ -325,9 +325,9 @@ def confirmed_figures(trial: Any, confirmations: Mapping[str, Any] | None) -> di
     ``peak_device_bytes`` the highest peak there; ``closed`` whether the bracket was finished (False: the
     time limit came first; ``batch_size`` did fit a fresh process); ``tried`` every process's batch and
     verdict in order; ``fits`` how many processes fitted ``batch_size``; ``smallest_failing`` the bracket's
-    ``hi`` (None: nothing failed); ``start`` the first process's batch (the simulator's for the config; None in
-    older studies, which started at the trial's); ``unconfirmed`` the processes that gave no verdict (killed, timed out,
-    failed).
+    ``hi`` (None: nothing failed); ``start`` the first process's batch (the simulator's for the config; None
+    in older studies, which started at the trial's); ``unconfirmed`` the processes that gave no verdict
+    (killed, timed out, failed).
     """
     entry = (confirmations or {}).get(str(trial.number))
     if not entry or entry.get("method") != METHOD or not entry.get("runs"):

@@ -148,7 +148,8 @@ def test_search_recommends_the_batch_fresh_processes_fit_and_resumes_from_the_st
     assert more["confirmation"]["processes"] == conf["processes"] + 1
     proc = run_cli(["best", "--study", STUDY], cwd=tmp_path, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert f"batch {up} fitted in 3 fresh processes, {up + 1} did not (the trial's {batch}, the simulator's {batch};" in proc.stdout
+    assert (f"batch {up} fitted in 3 fresh processes, {up + 1} did not (the trial's {batch}, the simulator's {batch};"
+            in proc.stdout)
 
 
 def test_confirmed_figures_take_the_bracket_and_name_runs_without_a_verdict() -> None:
