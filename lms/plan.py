@@ -4,9 +4,13 @@ which op triggers each swap-in. Frozen data; no TensorFlow.
 A plan is applied to a TensorFlow graph by `lms.tf.apply`, and to the graph
 model by `rewrite_graph` (used by `SwapPlan.validate` and by the simulator)::
 
-    (fwd_op) -> t -> [lms/swap_out/t @host] -> [fwd_op-lms_swap_in_0 @device] -> (bwd_op)
+    (fwd_op) -> t -> [lms/swap_out/t] -> [fwd_op-lms_swap_in_0] -> (bwd_op)
                                                   ^
                                   (trigger) ------+  control edge
+
+Here a swap-in stands for the copy back to the device, which starts after its
+trigger; in TensorFlow both swap ops sit on the host and TF's transfer follows
+the swap-in (`lms.tf.apply` says why).
 """
 
 from __future__ import annotations

@@ -4,9 +4,20 @@ This is the only place that edits a TensorFlow graph. What to swap and when was
 decided elsewhere (`lms.planner.plan_swaps` over the framework-free graph
 model); this module does exactly what the plan says::
 
-    (fwd_op) -> t -> [lms/swap_out/t @host] -> [fwd_op-lms_swap_in_0_i @device] -> (bwd_op)
-                                                   ^
-                                   (trigger) ......+  control edge
+    (fwd_op@dev) -> t -> [lms/swap_out/t @host] -> [fwd_op-lms_swap_in_0_i @host] ==copy==> (bwd_op@dev)
+                                                         ^
+                                   (trigger@dev) ........+  control edge
+
+With real swap ops (``swap_ops="device"``) both swap ops sit on the host, as in
+TFLMS. TensorFlow partitions a step per device and turns every edge between
+devices into a ``_Send``/``_Recv`` pair; the receiving ``_Recv`` gets none of its
+destination's control inputs (``graph_partition.cc``), so a trigger on a
+device-side swap-in would not delay the copy: the ``_Recv`` would take the tensor
+as soon as the swap-out sent it, in the forward pass. Gating the host-side op
+that feeds the ``_Send`` makes the host->device copy start after the trigger (and,
+on a GPU, the copy stream waits for the compute stream too). Each swap-in is its
+own host op, so each gets its own copy. `host_gated_swap_ins` checks it on the
+partition graphs TF really ran.
 
 Swap-ins are named after the producer (`lms.plan.swap_op_name`) so that
 Grappler, which sorts the inputs of commutative ops by name, sees each
@@ -99,12 +110,14 @@ def apply_plan(graph: tf.Graph, plan: SwapPlan, *, swap_ops: str = "emulated",
     Args:
         graph: the graph being traced (a ``FuncGraph``), with the ops the plan names.
         plan: the plan (`SwapPlan.validate` it against the graph model first).
-        swap_ops: ``"device"``: ``tf.identity`` on the host (``/device:CPU:0``) and
-            on the compute device: a real device-to-host copy on a GPU, a no-op on
-            a CPU. ``"emulated"``: `lms.tf.emulate` ops that move the bytes out of
-            TF's allocator and back on any machine.
+        swap_ops: ``"device"``: a swap-out and a swap-in ``tf.identity`` on the host
+            (``/device:CPU:0``), the swap-in gated by its trigger; TF copies the tensor
+            to the host after the swap-out and back to the consumers' device after
+            the swap-in (a no-op on a CPU). ``"emulated"``: `lms.tf.emulate` ops that
+            move the bytes out of TF's allocator and back on any machine, the swap-ins
+            on their consumers' device.
         bandwidth: bytes/s for emulated transfers (each sleeps nbytes/bandwidth).
-        device: compute device for swap-ins whose consumer has no device set;
+        device: device for emulated swap-ins whose consumer has no device set;
             default: `default_compute_device`.
 
     Returns:
@@ -140,7 +153,10 @@ def apply_plan(graph: tf.Graph, plan: SwapPlan, *, swap_ops: str = "emulated",
             inserted.extend(new_ops)
             for si in swap.swap_ins:
                 consumers = [_op(graph, c, what=f"consumer of {swap.tensor}") for c in si.consumers]
-                dev = next((c.device for c in consumers if c.device), "") or default_device
+                # real copies: the swap-in (the op that takes the trigger) on the host, so that the
+                # host->device copy waits for it (module docstring); emulated: beside its consumers
+                dev = HOST_DEVICE if swap_ops == "device" else (
+                    next((c.device for c in consumers if c.device), "") or default_device)
                 new_t, new_ops = _insert_swap_in(graph, host, t, si, device=dev, swap_ops=swap_ops,
                                                  bandwidth=bandwidth)
                 swap_ins.append(si.name)
@@ -259,7 +275,9 @@ def _insert_swap_out(graph: tf.Graph, t: tf.Tensor, swap: Swap, *, swap_ops: str
 
 def _insert_swap_in(graph: tf.Graph, host: tf.Tensor, like: tf.Tensor, si: SwapIn, *, device: str,
                     swap_ops: str, bandwidth: float | None) -> tuple[tf.Tensor, list[str]]:
-    """``[swap_out] -> h``  becomes  ``[swap_out] -> h -> [lms/swap_in/t_i @device]``.
+    """``[swap_out] -> h``  becomes  ``[swap_out] -> h -> [<producer>-lms_swap_in_<k>_<i> @device]``.
+
+    `device` is the host for real swap ops (`apply_plan` says why).
 
     Returns the new tensor and the inserted op names, the op that takes the
     trigger (the first to run) first. Emulated: ``h -> [<name>: Snapshot]``, with a

@@ -418,6 +418,12 @@ class _LatestTrace:
         return last.plan if last else None
 
     @property
+    def schedule(self) -> Any:
+        """The `lms.schedule.Schedule` pinned on the latest trace (None: no ordering edges, or no trace yet)."""
+        last = self._rewriter.last
+        return last.schedule if last else None
+
+    @property
     def graph(self) -> Graph | None:
         """Graph model the latest plan was made for (the step as traced, before rewriting)."""
         last = self._rewriter.last
@@ -609,8 +615,9 @@ def function(fn: Callable | None = None, *, config: Any, emulate: bool | None = 
             default: emulate when no GPU is visible.
         bandwidth: bytes/s of the emulated link (emulated swap ops sleep
             nbytes/bandwidth); None: no sleep.
-        device: compute device for swap-ins (default: the consumers' device,
-            else GPU:0 if present, else CPU:0).
+        device: device for emulated swap-ins whose readers have no device set
+            (default: GPU:0 if present, else CPU:0). Real swap-ins sit on the
+            host, so that their copy back waits for their trigger (`lms.tf.apply`).
         pin_whole: with ``schedule="memory"``, run the step's executed graph
             pinned whole (`lms.tf.exact`: every op of TF's optimized graph on
             one chain, Grappler off; one CPU device): ``None`` (default) when
