@@ -37,6 +37,7 @@ from ..graph import Graph, Role
 from ..optypes import INPUT_TYPES, RESIDENT_TYPES, VIEW_TYPES
 from ..plan import HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
 from .costs import ZERO_COST_TYPES, TemporaryModel, op_bytes, op_flops, op_temporary
+from .layout import is_transposed, transposed_rank
 from .order import bypass_identities, executed_order
 from .shapes import complete_sizes, is_noop_reduction
 
@@ -172,7 +173,7 @@ def _alias_root(graph: Graph, tensor: str) -> str:
 def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "executor",
                   expensive_op_bytes: int | None = None, temporaries: TemporaryModel,
                   resident_bytes: int | None = None, round_to: int = 256,
-                  schedule: Any = None) -> CompiledGraph:
+                  schedule: Any = None, layout_transposes: bool = False) -> CompiledGraph:
     """Rewrite `graph` by `plan` and compile it for `lms.sim.interpreter.run`.
 
     Args:
@@ -191,6 +192,10 @@ def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "e
             order of the pinnable ops, the executor places the rest. An exact
             schedule (`Schedule.exact`: the executed graph pinned whole) is the
             executed order itself.
+        layout_transposes: each swap of a tensor in the converted layout gets a
+            ``Transpose`` on the device beside its swap-out and each swap-in
+            (Grappler's layout conversion on a GPU, `lms.sim.layout`): a temporary
+            of the tensor's size and a pass over it on the compute stream.
     """
     g = rewrite_graph(graph, plan) if plan is not None and plan.rewrites else graph
     exact = schedule is not None and getattr(schedule, "exact", False) and bool(schedule.order)
@@ -300,6 +305,20 @@ def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "e
         if fl is not None:
             flops_fixed[pos], flops_ps[pos] = fl
         bytes_fixed[pos], bytes_ps[pos] = op_bytes(g, op)
+
+    if layout_transposes and (swaps.out_pos or swaps.in_pos):
+        ranks = transposed_rank(g)
+        for pos in (*swaps.out_pos, *swaps.in_pos):
+            op = ops[pos]
+            t = op.inputs[0] if op.type == SWAP_OUT_TYPE else op.outputs[0]
+            if not is_transposed(g, t, ranks):
+                continue
+            spec = g.tensors[t]
+            temp_fixed[pos] += spec.fixed_bytes
+            temp_ps[pos] += spec.per_sample_bytes
+            bytes_fixed[pos] += 2 * spec.fixed_bytes  # read + write, on the compute stream
+            bytes_ps[pos] += 2 * spec.per_sample_bytes
+            zero_cost[pos] = False
 
     resident_sizes, var_index = _resident_items(g)
     steals = tuple((pos, buf, var_index[_alias_root(g, h)]) for pos, buf, h in assigns

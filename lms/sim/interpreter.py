@@ -34,10 +34,12 @@ from ..planner import plan_swaps
 from .bfc import replay_bfc
 from .compiled import CompiledGraph, compile_graph
 from .costs import ONEDNN_TEMPORARIES, TEMPORARIES, TemporaryModel
+from .layout import converts_layout
 from .opcosts import OpCosts
 from .result import SimResult, Timeline, TimelineEvent, _Trace
 
 __all__ = ["simulate", "SimResult", "Timeline", "TimelineEvent", "compiled_for", "resolve_plan", "schedule_for", "exact_on",
+           "layout_transposes_on",
            "DEFAULT_TEMPORARIES", "default_temporaries", "cost_array"]
 
 
@@ -69,7 +71,8 @@ def _memo(graph: Graph, key: tuple, make: Any) -> Any:
 
 def compiled_for(graph: Graph, plan: SwapPlan | None, *, order: str = "executor",
                  expensive_op_bytes: int | None = None, temporaries: TemporaryModel | None = None,
-                 resident_bytes: int | None = None, exact: bool = False) -> CompiledGraph:
+                 resident_bytes: int | None = None, exact: bool = False,
+                 layout_transposes: bool = False) -> CompiledGraph:
     """The compiled form of (graph, plan), built once and cached while `graph` lives.
 
     With `exact` a memory schedule's order is the executed order (the step's
@@ -80,15 +83,17 @@ def compiled_for(graph: Graph, plan: SwapPlan | None, *, order: str = "executor"
     per_graph = _CACHE.setdefault(graph, {})
     pinned = plan is not None and plan.config.pins_order
     exact = bool(exact and pinned and plan.config.schedule == "memory")
+    layout_transposes = bool(layout_transposes and plan is not None and plan.swaps)
     key = ("compiled", plan if plan is not None and (plan.rewrites or pinned) else None, order, expensive_op_bytes,
-           id(temporaries), resident_bytes, exact)
+           id(temporaries), resident_bytes, exact, layout_transposes)
     hit = per_graph.get(key)
     if hit is not None and hit[0] is temporaries:
         return hit[1]
     _trim(per_graph)
     sched = schedule_for(graph, plan, exact=exact) if pinned else None
     cg = compile_graph(graph, plan, order=order, expensive_op_bytes=expensive_op_bytes,
-                       temporaries=temporaries, resident_bytes=resident_bytes, schedule=sched)
+                       temporaries=temporaries, resident_bytes=resident_bytes, schedule=sched,
+                       layout_transposes=layout_transposes)
     per_graph[key] = (temporaries, cg)
     return cg
 
@@ -112,6 +117,15 @@ def exact_on(device: DeviceProfile | None) -> bool:
     the memory schedule is pinned through the pinnable ops only.
     """
     return device is not None and device.kernels == "cpu"
+
+
+def layout_transposes_on(graph: Graph, device: DeviceProfile | None) -> bool:
+    """Whether TF adds a layout ``Transpose`` beside each swap of `graph` on `device` (`lms.sim.layout`).
+
+    On a GPU profile, when Grappler converts the graph's convolutions to NCHW.
+    """
+    return device is not None and device.kernels == "gpu" and _memo(graph, ("converts_layout",),
+                                                                    lambda: converts_layout(graph))
 
 
 def _trim(per_graph: dict) -> None:
@@ -170,7 +184,8 @@ def simulate(graph: Graph, plan: LMSConfig | SwapPlan | None = None, *, batch: i
         order = dev.order if dev is not None else "executor"
     cg = compiled_for(graph, resolved, order=order, temporaries=temporaries, resident_bytes=resident_bytes,
                       expensive_op_bytes=dev.expensive_op_bytes if dev is not None else None,
-                      exact=exact_on(dev) if exact is None else exact)
+                      exact=exact_on(dev) if exact is None else exact,
+                      layout_transposes=layout_transposes_on(graph, dev))
     costs = cost_array(cg, op_costs, op_costs_batch, batch)
     return run(cg, batch, device=dev, op_costs=costs, want_timeline=timeline, allocator=allocator)
 

@@ -21,7 +21,8 @@ from ..devices import DeviceProfile, get_device
 from ..graph import Graph
 from ..plan import SwapPlan
 from .costs import TemporaryModel
-from .interpreter import SimResult, cost_array, compiled_for, default_temporaries, exact_on, resolve_plan, run
+from .interpreter import (SimResult, compiled_for, cost_array, default_temporaries, exact_on, layout_transposes_on,
+                          resolve_plan, run)
 from .opcosts import OpCosts
 
 __all__ = ["max_batch", "MaxBatchResult", "InfeasibleBudget", "ALL_SWAPPED", "bfc_adjusted_batch"]
@@ -118,7 +119,7 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
         order = dev.order if dev is not None else "executor"
     kw = dict(order=order, temporaries=temporaries, resident_bytes=resident_bytes,
               expensive_op_bytes=dev.expensive_op_bytes if dev is not None else None,
-              exact=exact_on(dev) if exact is None else exact)
+              exact=exact_on(dev) if exact is None else exact, layout_transposes=layout_transposes_on(graph, dev))
     cg = compiled_for(graph, plan, **kw)
     base_costs = None if isinstance(op_costs, OpCosts) else cost_array(cg, op_costs, None, 1)
     count = 0
