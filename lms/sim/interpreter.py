@@ -370,7 +370,8 @@ def _durations(cg: CompiledGraph, b: int, device: DeviceProfile | None,
         moved = cg.bytes_fixed + b * cg.bytes_ps
         t_mem = moved / (device.mem_bandwidth * device.memory_efficiency)
         flops = cg.flops_fixed + b * cg.flops_ps
-        t_flop = np.nan_to_num(flops / (device.peak_flops * device.compute_efficiency), nan=0.0)
+        # only convolutions and matmuls have FLOPs: TF runs them in TF32 where the GPU has it
+        t_flop = np.nan_to_num(flops / (device.matmul_flops * device.compute_efficiency), nan=0.0)
         dur = np.maximum(t_mem, t_flop) + device.op_overhead_s
         dur[cg.zero_cost] = 0.0
     if op_costs is not None:
