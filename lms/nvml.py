@@ -83,10 +83,17 @@ def nvml_available() -> bool:
 
 
 def gpu_inventory() -> list[dict[str, Any]]:
-    """Every GPU NVML sees, in NVML (PCI bus) order; ``[]`` where NVML is unusable.
+    """Every GPU NVML sees, in NVML order, each followed by its MIG instances; ``[]`` where NVML is unusable.
 
     Returns:
-        dicts with ``index``, ``uuid``, ``name``, ``total_bytes``, ``driver_version``.
+        dicts with ``index`` (NVML's index; a MIG instance has its parent's),
+        ``uuid`` (``GPU-...``, or ``MIG-...``: what ``CUDA_VISIBLE_DEVICES``
+        takes), ``name``, ``total_bytes``, ``free_bytes`` (now), ``driver_version``,
+        ``pci_bus_id`` (``"00000000:3B:00.0"``; CUDA's ``PCI_BUS_ID`` order sorts
+        by it), ``compute_capability`` (``"8.0"``), ``mig``: ``"enabled"`` (a GPU
+        in MIG mode: CUDA sees only its instances), ``"instance"`` (one of them,
+        with ``mig_index`` and ``parent_uuid``) or ``None``. A figure NVML does
+        not give (an old driver or binding) is ``None``.
     """
     try:
         pynvml = _import_pynvml()
@@ -96,19 +103,67 @@ def gpu_inventory() -> list[dict[str, Any]]:
         return []
     try:
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        inventory = []
+        inventory: list[dict[str, Any]] = []
         for index in range(int(pynvml.nvmlDeviceGetCount())):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            inventory.append({
-                "index": index,
-                "uuid": _text(pynvml.nvmlDeviceGetUUID(handle)),
-                "name": _text(pynvml.nvmlDeviceGetName(handle)),
-                "total_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
-                "driver_version": driver,
-            })
+            gpu = _describe(pynvml, handle, index=index, driver=driver)
+            bus = _optional(lambda: pynvml.nvmlDeviceGetPciInfo(handle).busId)
+            gpu["pci_bus_id"] = _text(bus).upper() if bus is not None else None
+            instances = _mig_instances(pynvml, handle)
+            gpu["mig"] = "enabled" if instances is not None else None
+            inventory.append(gpu)
+            for mig_index, mig in instances or ():
+                entry = _describe(pynvml, mig, index=index, driver=driver)
+                entry.update(pci_bus_id=gpu["pci_bus_id"], mig="instance", mig_index=mig_index,
+                             parent_uuid=gpu["uuid"])
+                if entry["compute_capability"] is None:
+                    entry["compute_capability"] = gpu["compute_capability"]
+                inventory.append(entry)
         return inventory
     finally:
         _shutdown(pynvml)
+
+
+def _optional(read: Any) -> Any:
+    """`read()`, or None when this driver or binding does not have it (AttributeError, NVML's NotSupported...)."""
+    try:
+        return read()
+    except Exception as exc:  # noqa: BLE001 - NVMLError_* subclasses, AttributeError of an old binding
+        log.debug("NVML: %s: %s", type(exc).__name__, exc)
+        return None
+
+
+def _describe(pynvml: ModuleType, handle: Any, *, index: int, driver: str) -> dict[str, Any]:
+    memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    cc = _optional(lambda: pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+    return {
+        "index": index,
+        "uuid": _text(pynvml.nvmlDeviceGetUUID(handle)),
+        "name": _text(pynvml.nvmlDeviceGetName(handle)),
+        "total_bytes": int(memory.total),
+        "free_bytes": int(memory.free) if getattr(memory, "free", None) is not None else None,
+        "driver_version": driver,
+        "compute_capability": f"{int(cc[0])}.{int(cc[1])}" if cc else None,
+    }
+
+
+def _mig_instances(pynvml: ModuleType, handle: Any) -> list[tuple[int, Any]] | None:
+    """[(slot, MIG device handle)] of a GPU in MIG mode; None when MIG is off or unsupported.
+
+    Uses nvidia-ml-py's ``nvmlDeviceGetMigMode`` (current mode ==
+    ``NVML_DEVICE_MIG_ENABLE``), ``nvmlDeviceGetMaxMigDeviceCount`` and
+    ``nvmlDeviceGetMigDeviceHandleByIndex`` (an empty slot raises NotFound).
+    """
+    mode = _optional(lambda: pynvml.nvmlDeviceGetMigMode(handle))
+    if not mode or int(mode[0]) != int(getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1)):
+        return None
+    slots = _optional(lambda: pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)) or 0
+    found = []
+    for slot in range(int(slots)):
+        mig = _optional(lambda: pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot))
+        if mig is not None:
+            found.append((slot, mig))
+    return found
 
 
 def _shutdown(pynvml: ModuleType) -> None:

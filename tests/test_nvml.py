@@ -356,11 +356,13 @@ def test_index_order_warning_for_mixed_gpus(fake: FakePynvml, monkeypatch: pytes
 
 def test_gpu_inventory(fake: FakePynvml) -> None:
     fake.driver = b"535.104.05"
+    # this fake binding has no PCI, compute-capability or MIG calls (an old one): those figures are None
+    unknown = {"compute_capability": None, "pci_bus_id": None, "mig": None}
     assert gpu_inventory() == [
-        {"index": 0, "uuid": "GPU-aaaa1111-0000", "name": "NVIDIA H200",
-         "total_bytes": 141 * 2**30, "driver_version": "535.104.05"},
-        {"index": 1, "uuid": "GPU-bbbb2222-0000", "name": "NVIDIA A100-SXM4-80GB",
-         "total_bytes": 80 * 2**30, "driver_version": "535.104.05"},
+        {"index": 0, "uuid": "GPU-aaaa1111-0000", "name": "NVIDIA H200", "total_bytes": 141 * 2**30,
+         "free_bytes": 141 * 2**30, "driver_version": "535.104.05", **unknown},
+        {"index": 1, "uuid": "GPU-bbbb2222-0000", "name": "NVIDIA A100-SXM4-80GB", "total_bytes": 80 * 2**30,
+         "free_bytes": 80 * 2**30, "driver_version": "535.104.05", **unknown},
     ]
     assert nvml_available() is True
     assert fake.inits == fake.shutdowns == 2
