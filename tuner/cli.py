@@ -232,7 +232,9 @@ def _add_search(sub: Any) -> None:
                    help="with --prefer batch: keep at least this fraction of the best throughput "
                         "(default: %(default)s)")
     p.add_argument("--gpu", type=str, default=None, metavar="INDEX|UUID",
-                   help="GPU for the workers (CUDA_VISIBLE_DEVICES; default: 0)")
+                   help="GPU for the workers: an index among the GPUs your CUDA_VISIBLE_DEVICES makes visible, "
+                        "numbered as TensorFlow does, or a GPU-/MIG- UUID (nvidia-smi -L); default: the first "
+                        "visible one. Workers get its UUID in CUDA_VISIBLE_DEVICES")
     p.add_argument("--gpus", type=_gpu_list, default=None, metavar="LIST",
                    help="several GPUs, e.g. 0,1,2,3: one trial worker on each, in parallel (gpu backend)")
     p.add_argument("--workers", type=_positive_int, default=1, metavar="N",
@@ -375,6 +377,7 @@ def build_search_settings(args: argparse.Namespace) -> Any:
             notes.append(f"{backend.name} backend on CPU: image_size {size} -> {small} so the real runs take "
                          f"minutes (give --model-option image_size={size} to keep it)")
     chosen = backend.choose_gpus(gpu=args.gpu, gpus=args.gpus or (), workers=args.workers, inventory=gpus)
+    notes.extend(chosen.notes)
     try:
         device = get_device(args.device).name if args.device else backend.default_device(chosen.info)
     except ValueError as exc:

@@ -256,7 +256,7 @@ def _run_once(run: "SearchRun", backend: "Backend", config: Any, number: int, ba
     request = MeasureRequest(
         workload=s.model, options=dict(s.model_options), config=config.to_dict(), backend=backend.name,
         usable_bytes=run.usable, start_batch=batch, cap=batch, fixed_batch=True, warmup=s.warmup, steps=s.steps,
-        seed=s.seed or 0, trial=number, confirm=k)
+        seed=s.seed or 0, trial=number, confirm=k, **backend.worker_limits(s))
     workdir = workdir or Path(s.study_dir) / "confirm" / f"{number:04d}-{k}"
     log.info("trial %d (%s): fresh process %d at batch %d", number, run.space.table.short_label(config), k, batch)
 

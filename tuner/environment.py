@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-__all__ = ["gpus", "tensorflow_distribution", "default_backend", "environment_info"]
+__all__ = ["gpus", "tensorflow_distribution", "default_backend", "environment_info", "host_memory_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,8 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _host_memory_bytes() -> int | None:
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory in bytes, or None where the OS does not say."""
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
@@ -80,7 +81,7 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def environment_info(*, backend: Any, gpu_index: int | None = None) -> dict[str, Any]:
+def environment_info(*, backend: Any, gpu: str | None = None) -> dict[str, Any]:
     """JSON-ready description of this machine for recommended.json.
 
     ``device_name`` / ``driver_version`` come from the backend (`tuner.backends.Backend.device_info`):
@@ -95,7 +96,7 @@ def environment_info(*, backend: Any, gpu_index: int | None = None) -> dict[str,
         "platform": platform.platform(),
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
-        "host_memory_bytes": _host_memory_bytes(),
+        "host_memory_bytes": host_memory_bytes(),
         "tensorflow": tf[1] if tf else None,
         "tensorflow_distribution": tf[0] if tf else None,
         "keras": _version("keras"),
@@ -104,5 +105,5 @@ def environment_info(*, backend: Any, gpu_index: int | None = None) -> dict[str,
         "device_name": None,
         "driver_version": None,
     }
-    info.update(get_backend(backend).device_info(info, gpu_index=gpu_index))
+    info.update(get_backend(backend).device_info(info, gpu=gpu))
     return info

@@ -102,6 +102,10 @@ class MeasureRequest(_Message):
         confirm: 0 for the trial's own measurement; k for its k-th re-measurement in a fresh process
             (`tuner.confirm`).
         bandwidth: host link bandwidth for emulated swaps (bytes/s; None: the emulator's default).
+        device_memory_limit_bytes: the GPU's ``memory_limit`` (gpu backend: the budget, enforced by a
+            logical device; None: no limit).
+        host_memory_limit_bytes: ``TF_GPU_HOST_MEM_LIMIT_IN_MB`` for the worker's pinned host memory
+            (gpu backend; None: TF's default; a value in the worker's environment wins).
     """
 
     mode: ClassVar[str] = "measure"
@@ -124,6 +128,8 @@ class MeasureRequest(_Message):
     trial: int | None = None
     confirm: int = 0
     bandwidth: float | None = None
+    device_memory_limit_bytes: int | None = None
+    host_memory_limit_bytes: int | None = None
 
 
 _REQUESTS = {cls.mode: cls for cls in (DescribeRequest, TraceRequest, MeasureRequest)}

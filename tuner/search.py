@@ -246,5 +246,4 @@ def _smallest_need(trials: Any, screened: Any, *, graph: Any, usable: int, setti
 def _environment(settings: SearchSettings) -> dict[str, Any]:
     from .environment import environment_info
 
-    gpu_index = int(settings.gpu) if settings.gpu and str(settings.gpu).isdigit() else None
-    return environment_info(backend=settings.backend, gpu_index=gpu_index)
+    return environment_info(backend=settings.backend, gpu=settings.gpus[0] if settings.gpus else settings.gpu)

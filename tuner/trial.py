@@ -28,6 +28,7 @@ from lms.config import atomic_write_text
 from .budget import format_bytes
 from .errors import BadInput
 from .faults import injected_fault
+from .oom import describe_oom
 from .protocol import (DescribeRequest, DescribeResult, Envelope, MeasureRequest, MeasureResult, ProtocolError,
                        TraceRequest, TraceResult)
 from .worker import PARENT_PID_ENV, PARENT_PIPE_ENV
@@ -37,6 +38,8 @@ __all__ = ["main"]
 log = logging.getLogger(__name__)
 
 BAD_INPUT_EXIT = 2
+#: TensorFlow's cap on pinned host memory (MB), read when it makes its GPU host allocator.
+HOST_LIMIT_ENV = "TF_GPU_HOST_MEM_LIMIT_IN_MB"
 #: Timed runs a trial's worker tries after its probes, each at a smaller batch than the last.
 TIMED_ATTEMPTS = 2
 
@@ -135,9 +138,11 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
     from lms.tf.measure import configure_cpu_allocator
 
     configure_cpu_allocator()
+    if request.host_memory_limit_bytes is not None:  # read when TF makes its GPU host allocator
+        os.environ.setdefault(HOST_LIMIT_ENV, str(max(1, request.host_memory_limit_bytes >> 20)))
     import tensorflow as tf
 
-    problem = backend.configure_tensorflow(tf)
+    problem = backend.configure_tensorflow(tf, memory_limit_bytes=request.device_memory_limit_bytes)
     if problem:
         return MeasureResult(status="error", reason=problem)
     import lms
@@ -166,7 +171,7 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
         try:
             m = run(batch, warmup=request.probe_warmup, steps=request.probe_steps)
         except tf.errors.ResourceExhaustedError as exc:
-            return Measurement(None, oom=True, detail=_first_line(exc))
+            return Measurement(None, oom=True, detail=_oom(exc))
         timings[batch] = m
         return Measurement(int(m.peak_device_bytes), oom=False, step_time_s=float(m.median_step_s))
 
@@ -184,10 +189,11 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
     if search.batch == 0:
         oom = all(p.oom for p in search.probes)
         smallest = min(p.batch for p in search.probes)
-        peak = next((p.peak_bytes for p in search.probes if p.batch == smallest), None)
+        first = next(p for p in search.probes if p.batch == smallest)
+        peak = first.peak_bytes
         out.update(status="oom" if oom else "infeasible", batch_size=0, throughput=0.0,
                    reason=(f"batch {smallest} does not fit: "
-                           + ("out of memory" if oom or peak is None
+                           + ((first.detail or "out of memory") if first.oom or peak is None
                               else f"peak {format_bytes(peak, digits=1)} > usable {format_bytes(usable, digits=1)}")),
                    peak_device_bytes=peak)
         return MeasureResult(**out)
@@ -201,7 +207,7 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
         try:
             m = run(batch, warmup=request.warmup, steps=request.steps)
         except tf.errors.ResourceExhaustedError as exc:
-            m, detail = None, f"out of memory ({_first_line(exc)})"
+            m, detail = None, _oom(exc)
         else:
             detail = f"peak {format_bytes(m.peak_device_bytes, digits=1)} > usable {format_bytes(usable, digits=1)}"
         if m is not None and int(m.peak_device_bytes) <= usable:
@@ -243,7 +249,7 @@ def _measure_fixed(request: MeasureRequest, run: Any, events: _Events, *, backen
     except tf.errors.ResourceExhaustedError as exc:
         events.emit("probe", batch=batch, fits=False, peak_bytes=None, oom=True, usable_bytes=usable)
         return MeasureResult(status="oom", batch_size=0, throughput=0.0, device=backend.device_label(""),
-                             reason=f"batch {batch} does not fit: out of memory ({_first_line(exc)})", **out)
+                             reason=f"batch {batch} does not fit: {_oom(exc)}", **out)
     peak = int(m.peak_device_bytes)
     fits = peak <= usable
     events.emit("probe", batch=batch, fits=fits, peak_bytes=peak, oom=False, usable_bytes=usable)
@@ -322,6 +328,11 @@ def _summary(exc: BaseException) -> str:
         return _first_line(exc)
     first, last = lines[0][:150], lines[-1][:300]
     return first if first == last else f"{first} ... {last}"
+
+
+def _oom(exc: BaseException) -> str:
+    """What ran out (`tuner.oom`): the GPU's memory, or the pinned host memory swapped tensors live in."""
+    return describe_oom(str(exc), host_limit_mb=os.environ.get(HOST_LIMIT_ENV))
 
 
 def _first_line(exc: BaseException) -> str:

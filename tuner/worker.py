@@ -71,26 +71,33 @@ class WorkerOutcome:
 
 
 def worker_env(*, gpu: str | None = None) -> dict[str, str]:
-    """Environment for a worker: the GPU `gpu` with memory growth, or none (CPU: trace, describe, emulate).
+    """Environment for a worker: on the GPU `gpu` (a ``CUDA_VISIBLE_DEVICES`` value), or none (CPU).
 
     The CPU allocator is always BFC (``TF_CPU_ALLOCATOR_USE_BFC=true``), so
     TF's own peak is exact on CPU. On the CPU (trace, describe, emulate) oneDNN
     is on unless the caller set ``TF_ENABLE_ONEDNN_OPTS``: TensorFlow enables it by
     default only on CPUs with AVX-512 VNNI/BF16 or AMX, and the emulated device
     must not measure other kernels (and other memory: Eigen's
-    ``Conv2DBackpropFilter`` takes a 32 MiB buffer at any batch) on another CPU.
+    ``Conv2DBackpropFilter`` takes a 32 MiB buffer at any batch) on another CPU;
+    TensorFlow's INFO and WARNING lines are hidden (``TF_CPP_MIN_LOG_LEVEL=2``)
+    unless the caller set the level. On a GPU, `gpu` is the device's UUID as the
+    parent resolved it (`tuner.gpus.choose_gpu`) and the rest is
+    `tuner.gpus.gpu_worker_env` (TensorFlow's warnings stay in the log).
     The worker imports this checkout's packages even when started from elsewhere.
     """
-    env = dict(os.environ)
-    env["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["PYTHONUNBUFFERED"] = "1"
     if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-        env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+        from .gpus import gpu_worker_env
+
+        env, notes = gpu_worker_env(os.environ, visible=str(gpu))
+        for note in notes:
+            log.debug("worker environment: %s", note)
     else:
+        env = dict(os.environ)
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env["CUDA_VISIBLE_DEVICES"] = ""  # trace / emulate on the CPU, never grab a GPU
         env.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+    env["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+    env["PYTHONUNBUFFERED"] = "1"
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
@@ -175,7 +182,8 @@ def run_worker(request: Request, *, workdir: Path, timeout_s: float | None = Non
     if killed_by_us:
         return WorkerOutcome("stopped" if stopped else "timeout", result, tuple(events), rc, killed_by_us, log_path, wall)
     if result is not None:
-        return WorkerOutcome(result.status, result, tuple(events), rc, result.reason, log_path, wall)
+        return WorkerOutcome(result.status, result, tuple(events), rc, _explained(result.reason, log_path),
+                             log_path, wall)
     if rc is not None and rc < 0:
         name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
         reason = f"worker killed by {name}" + (" (host out of memory?)" if -rc == signal.SIGKILL else "")
@@ -238,6 +246,18 @@ def _read_result(path: Path, mode: str) -> tuple[Any, str]:
         return result_type(mode).from_dict(data), ""
     except ProtocolError as exc:
         return None, str(exc)
+
+
+def _explained(reason: str, log_path: Path) -> str:
+    """`reason`, plus what TensorFlow logged about the GPU's libraries when it found no GPU (`tuner.gpus`)."""
+    from .gpus import NO_GPU_REASON, explain_no_gpu
+
+    if not reason.startswith(NO_GPU_REASON):
+        return reason
+    try:
+        return explain_no_gpu(reason, log_path.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return reason
 
 
 def _log_tail(path: Path, *, lines: int = 3) -> str:

@@ -17,10 +17,16 @@ from tuner.worker import WorkerOutcome, run_worker, worker_env
 MiB = 1 << 20
 
 
-def test_worker_env_per_backend() -> None:
-    gpu = get_backend("gpu").worker_env(gpu="1")
-    assert gpu["CUDA_VISIBLE_DEVICES"] == "1" and gpu["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
-    assert get_backend("gpu").worker_env()["CUDA_VISIBLE_DEVICES"] == "0"
+def test_worker_env_per_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    # which GPU an index names is tuner.gpus' business (tests/tuner/test_gpus.py); here: the env it builds
+    gpu = get_backend("gpu").worker_env(gpu="GPU-1111")
+    assert gpu["CUDA_VISIBLE_DEVICES"] == "GPU-1111" and gpu["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert "TF_FORCE_GPU_ALLOW_GROWTH" not in gpu  # the budget is a logical device's memory_limit
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # the user's choice: index 1 of their order
+    monkeypatch.setattr("tuner.environment.gpus", lambda: [
+        {"index": i, "uuid": f"GPU-{i}{i}{i}", "name": "NVIDIA L4", "total_bytes": 24 << 30, "pci_bus_id": f"0:{i}"}
+        for i in range(3)])
+    assert get_backend("gpu").worker_env()["CUDA_VISIBLE_DEVICES"] == "GPU-111"  # not "0"
     emulated = get_backend("emulated").worker_env()
     assert emulated["CUDA_VISIBLE_DEVICES"] == "" and emulated["TF_CPU_ALLOCATOR_USE_BFC"] == "true"
 

@@ -20,11 +20,19 @@ __all__ = ["Backend", "SearchRun", "GpuChoice"]
 
 @dataclass(frozen=True)
 class GpuChoice:
-    """The GPUs a search uses: `info` sizes the default budget and device profile; one worker per `slots` entry."""
+    """The GPUs a search uses: `info` sizes the default budget and device profile; one worker per `slots` entry.
+
+    Attributes:
+        info: the (smallest) chosen GPU's `lms.nvml.gpu_inventory` entry.
+        gpus: the devices the workers use (gpu backend: their UUIDs, one worker each).
+        workers: parallel trial workers.
+        notes: what the choice changed or assumed, for people (stored with the study's notes).
+    """
 
     info: Mapping[str, Any] | None = None
     gpus: tuple[str, ...] = ()
     workers: int = 1
+    notes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -121,7 +129,7 @@ class Backend:
         """Where a figure comes from, in words (next to every number)."""
         return f"predicted (simulator, device profile {device})" if device else "predicted (simulator)"
 
-    def device_info(self, info: Mapping[str, Any], *, gpu_index: int | None) -> dict[str, Any]:
+    def device_info(self, info: Mapping[str, Any], *, gpu: str | None) -> dict[str, Any]:
         """The device fields of recommended.json's environment (``device_name`` etc.)."""
         return {"device_name": "none (simulated)"}
 
@@ -135,13 +143,20 @@ class Backend:
 
         return worker_env()
 
+    def worker_limits(self, settings: "SearchSettings") -> dict[str, Any]:
+        """`tuner.protocol.MeasureRequest` fields that bound a worker's memory (none here; see `GpuBackend`)."""
+        return {}
+
     def search(self, run: SearchRun) -> tuple[int, int]:
         """Run the trials of `run`; (configs evaluated now, screening trials simulated now)."""
         raise NotImplementedError
 
     # ---- worker side (TensorFlow imported by the caller) ----------------------------------------------
-    def configure_tensorflow(self, tf: Any) -> str:
-        """Set TensorFlow up before the model is built; a reason when it cannot run here, else ""."""
+    def configure_tensorflow(self, tf: Any, *, memory_limit_bytes: int | None = None) -> str:
+        """Set TensorFlow up before the model is built; a reason when it cannot run here, else "".
+
+        `memory_limit_bytes`: the request's device memory limit (`worker_limits`; None: none).
+        """
         return ""
 
     def device_label(self, measured_name: str) -> str:

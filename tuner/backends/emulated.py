@@ -49,7 +49,7 @@ class EmulatedBackend(MeasuredBackend):
             return super().source_label(measured=False, device=device)
         return "measured on the emulated device (CPU, TensorFlow BFC allocator)"
 
-    def device_info(self, info: Mapping[str, Any], *, gpu_index: int | None) -> dict[str, Any]:
+    def device_info(self, info: Mapping[str, Any], *, gpu: str | None) -> dict[str, Any]:
         return {"device_name": f"emulated device on CPU ({info.get('cpu')}), TensorFlow BFC allocator"}
 
     def report_note(self) -> str:
@@ -57,7 +57,7 @@ class EmulatedBackend(MeasuredBackend):
                 "memory is real but transfer times are those of this machine's memory system (or a set "
                 "bandwidth), not a device link.")
 
-    def configure_tensorflow(self, tf: Any) -> str:
+    def configure_tensorflow(self, tf: Any, *, memory_limit_bytes: int | None = None) -> str:
         # The emulated device runs under TF's single-threaded executor: one op order, fixed when
         # the function is built, the one the simulator's "cpu" profile models, so every step of a
         # trial peaks alike. (Under the default executor the order depends on timing: up to 50%

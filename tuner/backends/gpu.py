@@ -1,33 +1,104 @@
 """``gpu``: real runs on the GPU (one worker per GPU of ``--gpus``); the peak is TF's allocator peak.
 
-Each worker sees one GPU (``CUDA_VISIBLE_DEVICES``) with memory growth on;
-NVML's figures are recorded beside TF's.
+Which GPU: `tuner.gpus.choose_gpu` reads ``--gpu`` against your
+``CUDA_VISIBLE_DEVICES`` and NVML's listing (MIG instances included); each
+worker gets that device's UUID in ``CUDA_VISIBLE_DEVICES``.
+
+The budget is enforced, not only compared: the worker makes the GPU one logical
+device whose ``memory_limit`` is the budget (memory growth off: TF's GPU
+allocator may not take more, and cuDNN's autotuner picks algorithms for what
+that allocator can give). Without ``--budget`` the budget is what TensorFlow
+can reach on the chosen GPU in a plain training run (`tf_reachable_bytes`), not
+NVML's total. NVML's figures are recorded beside TF's; with the pool fixed they
+show the budget plus the CUDA context, whatever the step needs.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable, Mapping
 
+from ..budget import format_bytes
 from ..errors import BadInput
 from .base import GpuChoice
 from .measured import MeasuredBackend
 
-__all__ = ["GpuBackend", "profile_of_gpu"]
+__all__ = ["GpuBackend", "profile_of_gpu", "default_profile", "min_system_memory", "tf_reachable_bytes", "logical_device_configs",
+           "CUDA_CONTEXT_BYTES"]
+
+log = logging.getLogger(__name__)
+
+_MiB = 1 << 20
+#: The CUDA context (and what cuDNN/cuBLAS load with it) of a TensorFlow process: an estimate, not a
+#: measurement; `benchmarks/gpu_check.py` measures it on your GPU and says when this is too small.
+CUDA_CONTEXT_BYTES = 512 * _MiB
+
+
+def min_system_memory(available_bytes: int, cc_major: int | None) -> int:
+    """What TensorFlow leaves free on a GPU (``MinSystemMemory`` in TF 2.21's ``gpu_device.cc``).
+
+    225 MiB when less than 2 GiB is available; else by compute capability:
+    500 MiB (<= 6.x), 1050 MiB (7.x), 1536 MiB (8.x), 1800 MiB (9.x and newer). An unknown
+    capability gets the largest (1800 MiB).
+    """
+    if available_bytes < (1 << 31):
+        return 225 * _MiB
+    if cc_major is None:
+        return 1800 * _MiB
+    if cc_major <= 6:
+        return 500 * _MiB
+    if cc_major <= 7:
+        return 1050 * _MiB
+    if cc_major <= 8:
+        return 1536 * _MiB
+    return 1800 * _MiB
+
+
+def tf_reachable_bytes(gpu_info: Mapping[str, Any], *, context_bytes: int = CUDA_CONTEXT_BYTES) -> tuple[int, str]:
+    """(bytes TensorFlow's GPU allocator gets on this GPU by default, how that was worked out).
+
+    TF sizes its allocator from the memory free in its own process, after the
+    CUDA context is made, less `min_system_memory` (``SingleVirtualDeviceMemoryLimit``):
+    so NVML's free memory (total when NVML gave no free figure) less
+    `context_bytes` less that reserve.
+    """
+    free = gpu_info.get("free_bytes")
+    free_label = "free"
+    if free is None:
+        free, free_label = gpu_info["total_bytes"], "total"
+    cc = gpu_info.get("compute_capability")
+    cc_major = int(str(cc).split(".")[0]) if cc else None
+    available = max(0, int(free) - context_bytes)
+    reserve = min_system_memory(available, cc_major)
+    reachable = max(0, available - reserve)
+    why = (f"what TensorFlow can reach on GPU {gpu_info['name']}: {format_bytes(free)} {free_label} (NVML) - "
+           f"{format_bytes(context_bytes)} CUDA context (estimate) - {format_bytes(reserve)} TF MinSystemMemory "
+           f"(compute capability {cc or 'unknown'})")
+    return reachable, why
 
 
 def profile_of_gpu(gpu_info: Mapping[str, Any] | None) -> str | None:
-    """The simulator's device profile closest to a GPU NVML found (by name, then memory), or None."""
-    from lms.devices import DEVICES
+    """The simulator's device profile of a GPU NVML found (`lms.devices.profile_for_gpu`), or None."""
+    from lms.devices import profile_for_gpu
 
     if not gpu_info:
         return None
-    name = gpu_info["name"].upper()
-    total_gib = gpu_info["total_bytes"] / 2**30
-    matches = [k for k in DEVICES if k.split("-")[0] in name]
-    if not matches:
-        return None
-    return min(matches, key=lambda k: abs(DEVICES[k].memory_bytes / 2**30 - total_gib))
+    mig = gpu_info.get("mig") == "instance"  # the instance has less memory than its GPU's profile
+    return profile_for_gpu(str(gpu_info["name"]), memory_bytes=None if mig else int(gpu_info["total_bytes"]))
+
+
+def default_profile(gpu_info: Mapping[str, Any] | None) -> str:
+    """`profile_of_gpu`, else a V100's (NVLink on POWER, PCIe elsewhere; logged), else ``V100-16GB`` (no GPU)."""
+    import platform
+
+    found = profile_of_gpu(gpu_info)
+    if found or not gpu_info:
+        return found or "V100-16GB"
+    fallback = "V100-16GB" if platform.machine().lower().startswith("ppc64") else "V100-PCIe-16GB"
+    log.warning("no device profile matches GPU %s; the simulator screens with %s (give --device to choose)",
+                gpu_info.get("name"), fallback)
+    return fallback
 
 
 class GpuBackend(MeasuredBackend):
@@ -39,28 +110,31 @@ class GpuBackend(MeasuredBackend):
 
     def choose_gpus(self, *, gpu: str | None, gpus: tuple[str, ...], workers: int,
                     inventory: Callable[[], list[dict[str, Any]]]) -> GpuChoice:
+        from ..gpus import STRIPPED_ENV, GpuChoiceError, choose_gpu
+
         found = inventory()
         if not found:
             raise BadInput("backend gpu: no GPU found (NVML); use --backend emulated or --backend simulate")
-
-        def lookup(wanted: str) -> dict[str, Any] | None:
-            return next((g for g in found if str(g["index"]) == wanted or g["uuid"].startswith(wanted)), None)
-
-        gpu_list = gpus or (tuple(str(i) for i in range(workers)) if workers > 1 else ())
-        for wanted in gpu_list or (gpu or "0",):
-            if lookup(wanted) is None:
-                raise BadInput(f"GPU {wanted!r} not found; NVML sees: "
-                               + ", ".join(f"{g['index']} ({g['name']})" for g in found))
-        # the budget must fit the smallest of the GPUs used
-        info = min((lookup(w) for w in gpu_list or (gpu or "0",)), key=lambda g: g["total_bytes"])  # type: ignore
-        return GpuChoice(info=info, gpus=gpu_list, workers=len(gpu_list) or 1)
+        wanted: tuple[str | None, ...] = gpus or (tuple(str(i) for i in range(workers)) if workers > 1 else (gpu,))
+        try:
+            picks = [choose_gpu(w, env=os.environ, inventory=found) for w in wanted]
+        except GpuChoiceError as exc:
+            raise BadInput(str(exc)) from None
+        uuids = [g["uuid"] for g, _ in picks]
+        if len(set(uuids)) != len(uuids):
+            raise BadInput(f"--gpus {','.join(str(w) for w in wanted)}: names one device twice ({', '.join(uuids)})")
+        notes = [note for _, note in picks if note]
+        notes += [f"{name}={os.environ[name]!r} is not passed to the trial workers: {why}"
+                  for name, why in STRIPPED_ENV.items() if os.environ.get(name)]
+        info = min((g for g, _ in picks), key=lambda g: g["total_bytes"])  # the budget must fit the smallest
+        return GpuChoice(info=info, gpus=tuple(uuids), workers=len(uuids), notes=tuple(notes))
 
     def default_device(self, gpu_info: Mapping[str, Any] | None) -> str:
-        return profile_of_gpu(gpu_info) or "V100-16GB"
+        return default_profile(gpu_info)
 
     def default_budget(self, *, device: str, gpu_info: Mapping[str, Any] | None) -> tuple[int | None, str]:
         assert gpu_info is not None
-        return int(gpu_info["total_bytes"]), f"memory of GPU {gpu_info['name']} (NVML)"
+        return tf_reachable_bytes(gpu_info)
 
     def slots(self, settings: Any) -> list[str | None]:
         return list(settings.gpus) if settings.gpus else [settings.gpu] * settings.workers
@@ -73,29 +147,81 @@ class GpuBackend(MeasuredBackend):
             return super().source_label(measured=False, device=device)
         return f"measured on GPU ({device_name})" if device_name else "measured on GPU"
 
-    def device_info(self, info: Mapping[str, Any], *, gpu_index: int | None) -> dict[str, Any]:
+    def device_info(self, info: Mapping[str, Any], *, gpu: str | None) -> dict[str, Any]:
         from ..environment import gpus
+        from ..gpus import GpuChoiceError, choose_gpu
 
         found = gpus()
-        chosen = next((g for g in found if g["index"] == (gpu_index or 0)), found[0] if found else None)
+        try:
+            chosen = choose_gpu(gpu, env=os.environ, inventory=found)[0] if found else None
+        except GpuChoiceError:
+            chosen = None
         if not chosen:
             return {"device_name": None}
         return {"device_name": chosen["name"], "driver_version": chosen["driver_version"],
-                "device_memory_bytes": chosen["total_bytes"]}
+                "device_memory_bytes": chosen["total_bytes"], "device_uuid": chosen["uuid"]}
 
     def worker_env(self, *, gpu: str | None = None) -> dict[str, str]:
         from ..worker import worker_env
 
-        return worker_env(gpu="0" if gpu is None else str(gpu))
+        return worker_env(gpu=self._visible(gpu))
 
-    def configure_tensorflow(self, tf: Any) -> str:
+    @staticmethod
+    def _visible(gpu: str | None) -> str:
+        """The UUID for a slot: the CLI resolved it already; settings built in code may hold an index."""
+        if gpu is not None and str(gpu).startswith(("GPU-", "MIG-")):
+            return str(gpu)
+        from ..environment import gpus
+        from ..gpus import GpuChoiceError, choose_gpu
+
+        try:
+            return str(choose_gpu(gpu, env=os.environ, inventory=gpus())[0]["uuid"])
+        except GpuChoiceError as exc:
+            raise BadInput(str(exc)) from None
+
+    def worker_limits(self, settings: Any) -> dict[str, Any]:
+        from ..environment import host_memory_bytes
+        from ..gpus import host_memory_limit_bytes
+
+        host = host_memory_bytes()
+        return {"device_memory_limit_bytes": settings.budget_bytes,
+                "host_memory_limit_bytes": (host_memory_limit_bytes(host_bytes=host, workers=len(self.slots(settings)))
+                                            if host else None)}
+
+    def configure_tensorflow(self, tf: Any, *, memory_limit_bytes: int | None = None) -> str:
+        from ..gpus import NO_GPU_REASON
+
         found = tf.config.list_physical_devices("GPU")
         if not found:
-            return ("backend gpu: TensorFlow sees no GPU "
-                    f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
-        for g in found:
-            tf.config.experimental.set_memory_growth(g, True)
+            return f"{NO_GPU_REASON} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+        if memory_limit_bytes is None:  # no budget to enforce: do not grab the whole GPU either
+            for device in found:
+                tf.config.experimental.set_memory_growth(device, True)
+            return ""
+        for device, config in logical_device_configs(found, memory_limit_bytes=memory_limit_bytes,
+                                                     make=tf.config.LogicalDeviceConfiguration):
+            tf.config.set_logical_device_configuration(device, config)
         return ""
 
     def device_label(self, measured_name: str) -> str:
         return measured_name or "GPU:0"
+
+
+def logical_device_configs(devices: list[Any], *, memory_limit_bytes: int | None,
+                           make: Callable[..., Any]) -> list[tuple[Any, list[Any]]]:
+    """(physical GPU, [one logical device config]) pairs that enforce `memory_limit_bytes` on each GPU.
+
+    ``memory_limit`` is in MiB (TF's ``LogicalDeviceConfiguration``), rounded
+    down so the limit never exceeds the budget. Memory growth is not set beside
+    it (TF refuses both on one device; the worker's ``TF_FORCE_GPU_ALLOW_GROWTH``
+    is unset). Without a limit, no configuration.
+
+    Raises:
+        ValueError: a limit below 1 MiB.
+    """
+    if memory_limit_bytes is None:
+        return []
+    limit_mib = int(memory_limit_bytes) // _MiB
+    if limit_mib < 1:
+        raise ValueError(f"memory_limit_bytes={memory_limit_bytes!r}: must be at least 1 MiB")
+    return [(device, [make(memory_limit=limit_mib)]) for device in devices]

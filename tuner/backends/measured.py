@@ -22,6 +22,7 @@ from ..batch import Prediction
 from ..confirm import confirm_recommendation, retime_in_fresh_processes
 from ..budget import format_bytes
 from ..loop import Interrupted, optimize
+from ..oom import HOST_OOM
 from ..pareto import pareto_picks
 from ..protocol import MeasureRequest
 from ..records import INFEASIBLE, TrialRecord, counted
@@ -144,14 +145,15 @@ class MeasuredBackend(Backend):
             workload=s.model, options=dict(s.model_options), config=config.to_dict(), backend=self.name,
             usable_bytes=usable, start_batch=max(1, start), cap=cap, fixed_batch=s.batch is not None,
             slope_bytes_per_sample=pred.slope_bytes_per_sample, warmup=s.warmup, steps=s.steps, seed=s.seed or 0,
-            trial=trial.number)
+            trial=trial.number, **self.worker_limits(s))
 
         def on_event(event: dict[str, Any]) -> None:
             if event.get("event") == "probe":
                 verdict = "fits" if event.get("fits") else "does not fit"
                 peak = event.get("peak_bytes")
+                oom = "OOM" + (" in pinned host memory" if str(event.get("detail", "")).startswith(HOST_OOM) else "")
                 log.info("  trial %d: batch %d %s (peak %s, usable %s)", trial.number, event["batch"], verdict,
-                         "OOM" if event.get("oom") else format_bytes(peak), format_bytes(usable))
+                         oom if event.get("oom") else format_bytes(peak), format_bytes(usable))
             elif event.get("event") == "timed_run_too_big":
                 log.info("  trial %d: batch %d does not fit on the timed run (%s); trying a smaller one",
                          trial.number, event["batch"], event.get("detail", ""))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Mapping
 
 from ..batch import Prediction
@@ -25,20 +26,28 @@ class SimulateBackend(Backend):
             raise BadInput(f"--gpus needs --backend gpu (the backend is {self.name})")
         if workers > 1:
             raise BadInput("--workers needs --backend emulated or gpu (simulate predicts every trial in this process)")
+        from ..gpus import GpuChoiceError, choose_gpu
+
         found = inventory()
         if gpu is None:  # a GPU here sizes the default device profile
-            return GpuChoice(info=next((g for g in found if str(g["index"]) == "0"), found[0] if found else None))
-        info = next((g for g in found if str(g["index"]) == gpu or g["uuid"].startswith(gpu)), None)
+            try:
+                return GpuChoice(info=choose_gpu(None, env=os.environ, inventory=found)[0] if found else None)
+            except GpuChoiceError:
+                return GpuChoice()
+        try:
+            info = choose_gpu(gpu, env=os.environ, inventory=found)[0] if found else None
+            problem = "NVML sees none" if info is None else ""
+        except GpuChoiceError as exc:
+            info, problem = None, str(exc)
         if info is None:
-            seen = ", ".join(f"{g['index']} ({g['name']})" for g in found) or "none"
-            raise BadInput(f"--gpu {gpu}: no such GPU (NVML sees: {seen}); with --backend simulate it only picks "
+            raise BadInput(f"--gpu {gpu}: no such GPU ({problem}); with --backend simulate it only picks "
                            "the device profile: give --device instead")
         return GpuChoice(info=info)
 
     def default_device(self, gpu_info: Mapping[str, Any] | None) -> str:
-        from .gpu import profile_of_gpu
+        from .gpu import default_profile
 
-        return profile_of_gpu(gpu_info) or "V100-16GB"
+        return default_profile(gpu_info)
 
     def default_budget(self, *, device: str, gpu_info: Mapping[str, Any] | None) -> tuple[int | None, str]:
         from lms.devices import get_device
