@@ -1,0 +1,595 @@
+"""What only a GPU can show, in under 5 minutes: run this first on a GPU machine, before a search.
+
+Every figure it prints is MEASURED on the GPU it names; each check says what to
+fix when it fails. Each step runs in a fresh process under the environment a
+trial worker gets (`tuner.worker.worker_env`: the device's UUID in
+``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, ``TF_XLA_FLAGS`` and
+``TF_GPU_ALLOCATOR`` removed):
+
+1. devices: TensorFlow's GPU list against NVML and ``nvidia-smi -L`` (name, PCI
+   bus id from TF's "Created device" line), and the CUDA context's size;
+2. bandwidth: device->host and host->device copies of 256 MiB through pinned
+   host memory, as swaps make them;
+3. ResNet-50 (224x224) at a fixed batch with LMS off and on (``n_tensors=-1,
+   lb=1``): TF's allocator peak and NVML's process peak; on the LMS run, the
+   swap ops left after Grappler, the Transposes next to them (Grappler's layout
+   optimizer) and, from one profiled step (xplane), when each swap-in's
+   host->device copy started against its trigger op's end.
+
+    python benchmarks/gpu_check.py                    # the first GPU your CUDA_VISIBLE_DEVICES shows
+    python benchmarks/gpu_check.py --gpu 1 --batch 16 # the tuner's --gpu; a smaller batch for small GPUs
+    python benchmarks/gpu_check.py --dry-run          # what it would run, no TensorFlow
+
+Writes ``benchmarks/results/gpu_check.json`` (``--out``). Exit: 0 every check
+passed, 1 a check failed, 2 bad input or no GPU (after the checks it could do).
+The parsers are plain functions (tested on synthetic traces in
+``tests/test_gpu_check.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_check.json"
+TOTAL_S = 290.0  # the whole check, every phase included
+PHASE_S = {"devices": 60.0, "bandwidth": 60.0, "off": 110.0, "on": 150.0}
+TRANSPOSE_OPS = frozenset({"Transpose", "ConjugateTranspose", "_MklTranspose"})
+LMS_ON = {"n_tensors": -1, "lb": 1}
+MiB = 1 << 20
+
+
+# ================================================================ pure parsers (no TensorFlow)
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One profiler event: plane (``/host:CPU``, ``/device:GPU:0``), line, name, times (ps), its string stats."""
+
+    plane: str
+    line: str
+    name: str
+    start_ps: int
+    end_ps: int
+    text: str = ""
+
+
+def events_from_xspace(space: Any) -> list[TraceEvent]:
+    """The events of an ``XSpace`` (TF's profiler, ``xplane_pb2``) with absolute times and string stats joined.
+
+    Works on the protobuf or anything shaped like it: ``planes[].{name, lines[], event_metadata, stat_metadata}``,
+    ``lines[].{name, timestamp_ns, events[]}``, ``events[].{metadata_id, offset_ps, duration_ps, stats[]}``,
+    ``stats[].{metadata_id, str_value, ref_value}`` (a ``ref_value`` names a ``stat_metadata`` entry).
+    """
+    out = []
+    for plane in space.planes:
+        names = {k: m.name for k, m in plane.event_metadata.items()}
+        stat_names = {k: m.name for k, m in plane.stat_metadata.items()}
+        for line in plane.lines:
+            base = int(line.timestamp_ns) * 1000
+            for ev in line.events:
+                texts = []
+                for stat in ev.stats:
+                    value = getattr(stat, "str_value", "") or ""
+                    ref = getattr(stat, "ref_value", 0) or 0
+                    if not value and ref:
+                        value = stat_names.get(ref, "")
+                    if value:
+                        texts.append(value)
+                start = base + int(ev.offset_ps)
+                out.append(TraceEvent(plane.name, line.name, names.get(ev.metadata_id, ""), start,
+                                      start + int(ev.duration_ps), " ; ".join(texts)))
+    return out
+
+
+_H2D = re.compile(r"memcpy.*(h2d|htod)|(h2d|htod).*memcpy", re.IGNORECASE)
+
+
+def is_h2d_copy(ev: TraceEvent) -> bool:
+    """A host->device copy on a GPU's timeline."""
+    return ev.plane.startswith("/device:") and bool(_H2D.search(ev.name) or _H2D.search(ev.line))
+
+
+def _mentions(text: str, name: str, *, recv: bool = False) -> bool:
+    """`text` names op `name` (``name:Type``, or alone); with `recv`, a ``_Recv`` TF named after it or an op of
+    its scope (``name/_12``, ``name/gate/_12``, ``name-gate/_12``: partitioning names a Recv ``<source>/_<n>``)."""
+    tail = r"(?:[/-][^\s;,:]*)?/_\d+(?=$|[:\s;,])" if recv else r"(?=$|[:\s;,])"
+    return re.search(r"(?:^|(?<=[\s;,:]))" + re.escape(name) + tail, text) is not None
+
+
+def _op_of(ev: TraceEvent) -> str:
+    op, sep, kind = ev.name.rpartition(":")
+    return op if sep and op and kind and " " not in ev.name and "::" not in ev.name else ev.name
+
+
+def swapin_copy_delays(events: Sequence[TraceEvent], swaps: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """When each swap-in's host->device copy started against the end of its trigger op, from one profiled step.
+
+    Args:
+        events: `events_from_xspace` of the trace.
+        swaps: ``{"swap_in", "swap_out", "trigger"}`` per swap-in (`lms.SwapPlan`'s names).
+
+    The trigger's end is the end of its last GPU kernel (events whose stats name
+    the op), else of its op event on the host. The copy is the first
+    host->device memcpy whose stats name a ``_Recv`` TensorFlow made for the
+    edge out of the swap-in or its swap-out (``<op>/_<n>``), else that
+    ``_Recv`` op's start on the host (TF 2.21 CPU traces: an event
+    ``ExecutorState::ProcessAsync::Start`` with stats ``<op>/_<n> ; _Recv``). ``delay_us`` < 0: the copy began before the
+    trigger finished (nothing gated it). None where the trace did not show it.
+    """
+    host = [e for e in events if not e.plane.startswith("/device:")]
+    device = [e for e in events if e.plane.startswith("/device:")]
+    copies = [e for e in device if is_h2d_copy(e)]
+    rows = []
+    for swap in swaps:
+        trigger, sources = swap.get("trigger"), [n for n in (swap.get("swap_in"), swap.get("swap_out")) if n]
+        end, end_source = None, ""
+        if trigger:
+            kernels = [e for e in device if not is_h2d_copy(e) and _mentions(e.text, trigger)]
+            ops = [e for e in host if _op_of(e) == trigger or _mentions(e.text, trigger)]
+            if kernels:
+                end, end_source = max(e.end_ps for e in kernels), "gpu kernel"
+            elif ops:
+                end, end_source = max(e.end_ps for e in ops), "host op"
+        mine = [e for e in copies if any(_mentions(e.text, n, recv=True) for n in sources)]
+        start, start_source = None, ""
+        if mine:
+            start, start_source = min(e.start_ps for e in mine), "gpu memcpy"
+        else:  # the _Recv op's start: "ExecutorState::ProcessAsync::Start" naming "<op>/_<n> ; _Recv"
+            recvs = [e for e in host if "_Recv" in f"{e.name} {e.text}"
+                     and any(_mentions(_op_of(e), n, recv=True) or _mentions(e.text, n, recv=True) for n in sources)]
+            if recvs:
+                start, start_source = min(e.start_ps for e in recvs), "host _Recv"
+        rows.append({"swap_in": swap.get("swap_in"), "trigger": trigger,
+                     "trigger_end_us": None if end is None else end / 1e6, "trigger_source": end_source,
+                     "copy_start_us": None if start is None else start / 1e6, "copy_source": start_source,
+                     "delay_us": None if end is None or start is None else (start - end) / 1e6})
+    return rows
+
+
+def transposes_next_to_swaps(nodes: Iterable[Any], is_swap: Callable[[str], bool]) -> list[dict[str, str]]:
+    """Transposes (Grappler's layout conversions) that feed a swap op or read one, in an optimized GraphDef.
+
+    Args:
+        nodes: GraphDef nodes (``name``, ``op``, ``input``).
+        is_swap: whether an op name is an inserted swap op (`lms.tf.apply.is_swap_op_name`).
+
+    Returns:
+        ``{"transpose", "swap", "side"}``: side ``"before"`` (its output goes to the swap op)
+        or ``"after"`` (it reads the swap op's output).
+    """
+    nodes = list(nodes)
+    ops = {n.name: n.op for n in nodes}
+
+    def producer(ref: str) -> str:
+        return ref.lstrip("^").split(":")[0]
+
+    found = []
+    for n in nodes:
+        inputs = [producer(i) for i in n.input if not i.startswith("^")]
+        if n.op in TRANSPOSE_OPS:
+            found += [{"transpose": n.name, "swap": p, "side": "after"} for p in inputs if is_swap(p)]
+        elif is_swap(n.name):
+            found += [{"transpose": p, "swap": n.name, "side": "before"} for p in inputs
+                      if ops.get(p) in TRANSPOSE_OPS]
+    return found
+
+
+_SMI = re.compile(r"^\s*(GPU \d+|MIG [^:]*?Device\s+\d+):\s*(.*?)\s*\(UUID:\s*([^)\s]+)\)")
+_CREATED = re.compile(r"Created device \S+GPU:\d+ with (\d+) MB memory:.*?name: (.*?), pci bus id: ([0-9a-fA-F:.]+)"
+                      r"(?:, compute capability: ([\d.]+))?")
+
+
+def parse_smi_list(text: str) -> dict[str, str]:
+    """``nvidia-smi -L`` as ``{uuid: name}`` (a MIG device's name: its GPU's, then its profile)."""
+    found, parent = {}, ""
+    for line in text.splitlines():
+        m = _SMI.match(line)
+        if not m:
+            continue
+        kind, name, uuid = m.groups()
+        if kind.startswith("GPU"):
+            parent = name
+            found[uuid] = name
+        else:
+            found[uuid] = f"{parent} {kind.split('Device')[0].strip()}".strip()
+    return found
+
+
+def parse_created_device(log: str) -> dict[str, Any] | None:
+    """TF's "Created device ... with N MB memory: -> device: 0, name: X, pci bus id: Y, compute capability: Z"."""
+    m = _CREATED.search(log)
+    if m is None:
+        return None
+    return {"memory_mib": int(m.group(1)), "name": m.group(2), "pci_bus_id": m.group(3),
+            "compute_capability": m.group(4)}
+
+
+def same_pci_bus(a: str | None, b: str | None) -> bool:
+    """``0000:19:00.0`` (TF) and ``00000000:19:00.0`` (NVML) name one bus."""
+    def norm(x: str) -> tuple[int, ...]:
+        return tuple(int(p, 16) for p in re.split(r"[:.]", x.strip()))
+    try:
+        return bool(a and b) and norm(a) == norm(b)  # type: ignore[arg-type]
+    except ValueError:
+        return False
+
+
+# ================================================================ checks
+
+@dataclass
+class Check:
+    name: str
+    status: str  # PASS | FAIL | WARN | SKIP
+    detail: str
+    fix: str = ""
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+def check_devices(child: Mapping[str, Any] | None, log: str, *, chosen: Mapping[str, Any],
+                  smi: Mapping[str, str] | None) -> list[Check]:
+    """TF's GPU under the worker's environment is the device NVML (and nvidia-smi) describe."""
+    from tuner.gpus import gpu_setup_lines
+
+    if child is None or "error" in child:
+        why = (child or {}).get("error", "the step did not finish")
+        lines = " | ".join(gpu_setup_lines(log))
+        return [Check("devices", "FAIL", why + (f"; TF logged: {lines}" if lines else ""),
+                      "the step's log (devices.log, in the folder the JSON names)")]
+    names = child.get("tf_gpu_names") or []
+    if len(names) != 1:
+        lines = " | ".join(gpu_setup_lines(log)) or "no reason in TF's log"
+        return [Check("devices: TF sees one GPU", "FAIL", f"TF sees {len(names)} GPU(s) under CUDA_VISIBLE_DEVICES="
+                      f"{chosen['uuid']}: {lines}",
+                      "install the CUDA build (pip install -e '.[gpu]') and the libraries TF names above"
+                      if not names else "tuner/gpus.py gpu_worker_env: a worker must see exactly its device")]
+    checks = []
+    same = str(chosen["name"]).startswith(names[0]) or names[0].startswith(str(chosen["name"]))
+    checks.append(Check("devices: TF's GPU:0 is the chosen device", "PASS" if same else "FAIL",
+                        f"TF: {names[0]}; NVML: {chosen['name']} ({chosen['uuid']})",
+                        "" if same else "tuner/gpus.py choose_gpu/gpu_worker_env: budget and profile describe "
+                                        "another GPU than TF uses"))
+    created = parse_created_device(log)
+    if created and chosen.get("pci_bus_id"):
+        ok = same_pci_bus(created["pci_bus_id"], chosen["pci_bus_id"])
+        checks.append(Check("devices: PCI bus id", "PASS" if ok else "FAIL",
+                            f"TF: {created['pci_bus_id']}; NVML: {chosen['pci_bus_id']}",
+                            "" if ok else "tuner/gpus.py: the worker's CUDA_VISIBLE_DEVICES names another GPU",
+                            {"tf_device_memory_mib": created["memory_mib"]}))
+    if smi is not None:
+        listed = smi.get(str(chosen["uuid"]))
+        checks.append(Check("devices: nvidia-smi -L", "PASS" if listed else "FAIL",
+                            f"{chosen['uuid']}: {listed or 'not listed'}",
+                            "" if listed else "lms/nvml.py gpu_inventory: a UUID nvidia-smi does not list"))
+    context = child.get("context_bytes")
+    if context is not None:
+        from tuner.backends.gpu import CUDA_CONTEXT_BYTES
+
+        ok = context <= CUDA_CONTEXT_BYTES
+        checks.append(Check("devices: CUDA context", "PASS" if ok else "WARN",
+                            f"NVML process bytes less TF's allocated bytes after a conv and a matmul: "
+                            f"{context / MiB:.0f} MiB (the default budget assumes {CUDA_CONTEXT_BYTES / MiB:.0f} MiB)",
+                            "" if ok else "raise CUDA_CONTEXT_BYTES in tuner/backends/gpu.py (default budgets are "
+                                          "too large by the difference)", {"cuda_context_bytes": context}))
+    return checks
+
+
+def check_bandwidth(child: Mapping[str, Any] | None, *, profile: Any) -> list[Check]:
+    if child is None or "error" in child:
+        return [Check("bandwidth", "FAIL", (child or {}).get("error", "did not finish"), "see the log")]
+    figures = {k: child.get(k) for k in ("d2h_bytes_per_s", "h2d_bytes_per_s", "bytes")}
+    worst = min(v for v in (figures["d2h_bytes_per_s"], figures["h2d_bytes_per_s"]) if v) \
+        if any((figures["d2h_bytes_per_s"], figures["h2d_bytes_per_s"])) else None
+    if worst is None:
+        return [Check("bandwidth", "FAIL", "no copy could be timed", "see the log", figures)]
+    ok = worst >= 0.7 * profile.link_bandwidth
+    return [Check("bandwidth", "PASS" if ok else "WARN",
+                  f"device->host {figures['d2h_bytes_per_s'] / 1e9:.1f} GB/s, host->device "
+                  f"{(figures['h2d_bytes_per_s'] or 0) / 1e9:.1f} GB/s; profile {profile.name} assumes "
+                  f"{profile.link_bandwidth / 1e9:.1f} GB/s ({profile.link})",
+                  "" if ok else f"the simulator's link is too fast for this machine: give lms.devices' {profile.name} "
+                                "this link_bandwidth (DeviceProfile.replace) or add a profile for it",
+                  figures)]
+
+
+def check_lms(off: Mapping[str, Any] | None, on: Mapping[str, Any] | None) -> list[Check]:
+    """LMS saves memory, its swap ops survive Grappler, swap-ins wait for triggers, no Transposes at the swaps."""
+    if not off or not on or "error" in off or "error" in on:
+        why = (off or {}).get("error") or (on or {}).get("error") or "a run did not finish (time limit?)"
+        return [Check("resnet50", "FAIL", why, "smaller --batch if out of memory; else the log")]
+    checks = []
+    saved = 1 - on["peak_bytes"] / off["peak_bytes"]
+    checks.append(Check("LMS saves GPU memory", "PASS" if saved >= 0.10 else "FAIL",
+                        f"TF allocator peak {off['peak_bytes'] / 2**30:.2f} GiB off, {on['peak_bytes'] / 2**30:.2f} "
+                        f"GiB on ({saved:.0%} saved); NVML process peak "
+                        f"{_gib(off.get('nvml_process_peak_bytes'))} / {_gib(on.get('nvml_process_peak_bytes'))}",
+                        "" if saved >= 0.10 else "swap-ins copied back early (see the swap-in check) or swaps removed: "
+                                                 "lms/tf/apply.py placement", {"saved_fraction": saved}))
+    n_swap_ops = on.get("swap_ops_after_grappler", 0)
+    checks.append(Check("swap ops survive Grappler", "PASS" if n_swap_ops else "FAIL",
+                        f"{n_swap_ops} swap ops in the executed graph ({on.get('n_swaps', 0)} tensors planned)",
+                        "" if n_swap_ops else "lms/tf/apply.py: _grappler_do_not_remove on every inserted op"))
+    rows = on.get("swapin_delays") or []
+    known = [r for r in rows if r.get("delay_us") is not None]
+    early = [r for r in known if r["delay_us"] < 0]
+    if not known:
+        checks.append(Check("swap-ins wait for their triggers", "WARN",
+                            f"inconclusive: {len(rows)} swap-ins, none matched to a copy and a trigger in the trace",
+                            f"benchmarks/gpu_check.py swapin_copy_delays: read the trace in {on.get('logdir')} "
+                            "(TensorBoard) and teach the parser its names"))
+    else:
+        worst = min(r["delay_us"] for r in known)
+        checks.append(Check("swap-ins wait for their triggers", "FAIL" if early else "PASS",
+                            f"{len(early)} of {len(known)} swap-in copies began before their trigger ended "
+                            f"(earliest {worst / 1000:+.2f} ms against its trigger)",
+                            "gate the copy on the host side: lms/tf/apply.py and lms/tf/pin.py (issue 34 item 1)"
+                            if early else "", {"n_matched": len(known), "n_early": len(early), "min_delay_us": worst}))
+    transposes = on.get("transposes") or []
+    checks.append(Check("no Transposes next to swap ops", "FAIL" if transposes else "PASS",
+                        f"{len(transposes)} Transposes feed or read swap ops after Grappler",
+                        "Grappler's layout optimizer converts at the host swaps: lms/tf/apply.py and the simulator "
+                        "(issue 34 item 2)" if transposes else "", {"n_transposes": len(transposes)}))
+    return checks
+
+
+def _gib(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+# ================================================================ children (TensorFlow, in the worker's env)
+
+def _child_devices(args: argparse.Namespace) -> dict[str, Any]:
+    import tensorflow as tf
+
+    from lms.nvml import NvmlSampler
+
+    gpus = tf.config.list_physical_devices("GPU")
+    out: dict[str, Any] = {"tf_version": tf.__version__,
+                           "tf_gpu_names": [tf.config.experimental.get_device_details(g).get("device_name", "")
+                                            for g in gpus]}
+    if not gpus:
+        return out
+    tf.config.experimental.set_memory_growth(gpus[0], True)
+    with tf.device("/GPU:0"):  # make the context, load cuBLAS and cuDNN
+        a = tf.random.uniform([512, 512])
+        tf.matmul(a, a).numpy()
+        tf.nn.conv2d(tf.ones([1, 32, 32, 8]), tf.ones([3, 3, 8, 8]), 1, "SAME").numpy()
+    tf.test.experimental.sync_devices()
+    with NvmlSampler(interval_s=60.0) as sampler:
+        pass
+    used = sampler.result.process_peak_bytes
+    current = tf.config.experimental.get_memory_info("GPU:0")["current"]
+    out["context_bytes"] = None if used is None else max(0, int(used) - int(current))
+    return out
+
+
+def _protect(t: Any) -> Any:
+    from tensorflow.core.framework import attr_value_pb2
+
+    from lms.tf.apply import DO_NOT_REMOVE_ATTR
+
+    t.op._set_attr(DO_NOT_REMOVE_ATTR, attr_value_pb2.AttrValue(b=True))  # noqa: SLF001
+    return t
+
+
+def _child_bandwidth(args: argparse.Namespace) -> dict[str, Any]:
+    import tensorflow as tf
+
+    n = args.copy_mib * MiB // 4
+    with tf.device("/GPU:0"):
+        x = tf.random.uniform([n])
+
+    @tf.function
+    def d2h(x: Any) -> Any:
+        with tf.device("/CPU:0"):  # the _Recv on the host allocates pinned memory (gpu_host_bfc), as a swap-out's
+            return _protect(tf.identity(x))
+
+    @tf.function
+    def roundtrip(x: Any) -> Any:
+        with tf.device("/CPU:0"):
+            h = _protect(tf.identity(x))
+        with tf.device("/GPU:0"):
+            return tf.reduce_max(_protect(tf.identity(h)))
+
+    def seconds(fn: Callable[[], Any]) -> float:
+        times = []
+        for _ in range(6):
+            t0 = time.perf_counter()
+            out = fn()
+            if out.device.endswith("GPU:0"):
+                out.numpy()
+            times.append(time.perf_counter() - t0)
+        return sorted(times[1:])[len(times[1:]) // 2]  # the first includes tracing
+
+    t_d2h = seconds(lambda: d2h(x))
+    t_rt = seconds(lambda: roundtrip(x))
+    nbytes = n * 4
+    return {"bytes": nbytes, "d2h_bytes_per_s": nbytes / t_d2h,
+            "h2d_bytes_per_s": nbytes / (t_rt - t_d2h) if t_rt > t_d2h else None,
+            "method": "median wall time of 5 tf.function calls; host->device = round trip less device->host"}
+
+
+def _child_resnet(args: argparse.Namespace, *, lms_on: bool) -> dict[str, Any]:
+    import tensorflow as tf
+
+    import lms
+    from lms.config import LMSConfig
+    from lms.tf.apply import executed_graph_defs, is_swap_op_name, swap_op_names
+    from lms.tf.measure import device_batch, measure_step
+    from lms.tf.train import make_train_step
+    from tuner.models import load_workload
+
+    device = f"/{args.child_device}:0"
+    if args.child_device == "GPU":
+        tf.config.experimental.set_memory_growth(tf.config.list_physical_devices("GPU")[0], True)
+    workload = load_workload(args.child_model, **({"image_size": 224} if args.child_model == "resnet50" else {}))
+    model = workload.build_model()
+    config = LMSConfig(**LMS_ON) if lms_on else LMSConfig(n_tensors=0)
+    fn = lms.function(make_train_step(model, workload.loss_fn, workload.make_optimizer()), config=config,
+                      emulate=False, input_signature=[workload.x_spec(), workload.y_spec()], autograph=False)
+    data = device_batch(workload.make_batch(args.batch, 0), device)
+    graphs = executed_graph_defs(fn, *data)
+    m = measure_step(fn, [data], warmup=2, steps=3, device=device)
+    out: dict[str, Any] = {"batch": args.batch, "peak_bytes": int(m.peak_device_bytes),
+                           "nvml_process_peak_bytes": m.nvml_process_peak_bytes, "median_step_s": m.median_step_s}
+    if not lms_on:
+        return out
+    nodes = [n for g in graphs for n in g.node]
+    plan = fn.plan
+    swaps = [{"swap_in": si.name, "swap_out": s.swap_out, "trigger": si.trigger}
+             for s in (plan.swaps if plan else ()) for si in s.swap_ins]
+    out.update(n_swaps=len(plan.swaps) if plan else 0, swap_ops_after_grappler=sum(len(swap_op_names(g)) for g in graphs),
+               transposes=transposes_next_to_swaps(nodes, is_swap_op_name))
+    logdir = tempfile.mkdtemp(prefix="gpu_check_trace_")
+    tf.profiler.experimental.start(logdir)
+    try:
+        fn(*data).numpy()
+        if args.child_device == "GPU":
+            tf.test.experimental.sync_devices()
+    finally:
+        tf.profiler.experimental.stop()
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    events: list[TraceEvent] = []
+    for path in Path(logdir).rglob("*.xplane.pb"):
+        space = xplane_pb2.XSpace()
+        space.ParseFromString(path.read_bytes())
+        events += events_from_xspace(space)
+    out.update(logdir=logdir, n_trace_events=len(events), n_h2d_copies=sum(is_h2d_copy(e) for e in events),
+               swapin_delays=swapin_copy_delays(events, swaps))
+    return out
+
+
+CHILDREN: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "devices": _child_devices, "bandwidth": _child_bandwidth,
+    "off": lambda a: _child_resnet(a, lms_on=False), "on": lambda a: _child_resnet(a, lms_on=True)}
+
+
+# ================================================================ the parent (no TensorFlow)
+
+def _run_child(phase: str, args: argparse.Namespace, env: Mapping[str, str], deadline: float,
+               workdir: Path) -> tuple[dict[str, Any] | None, str]:
+    timeout = min(PHASE_S[phase], deadline - time.monotonic())
+    if timeout < 10:
+        return {"error": "skipped: the check's 5-minute limit was reached"}, ""
+    result = workdir / f"{phase}.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", phase, "--child-out", str(result),
+           "--batch", str(args.batch), "--copy-mib", str(args.copy_mib)]
+    try:
+        proc = subprocess.run(cmd, env=dict(env), capture_output=True, text=True, timeout=timeout)
+        log = proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        log = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return {"error": f"timed out after {timeout:.0f} s"}, log
+    (workdir / f"{phase}.log").write_text(log)
+    if result.is_file():
+        return json.loads(result.read_text()), log
+    tail = " | ".join(ln.strip() for ln in log.strip().splitlines()[-3:])
+    return {"error": f"exited {proc.returncode} without a result: {tail[-300:]}"}, log
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpu", type=str, default=None, metavar="INDEX|UUID",
+                   help="the GPU, as the tuner's --gpu reads it (default: the first visible one)")
+    p.add_argument("--batch", type=int, default=32, help="ResNet-50 batch (default: %(default)s)")
+    p.add_argument("--copy-mib", type=int, default=256, help="bytes per timed copy, MiB (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSON written (default: %(default)s)")
+    p.add_argument("--dry-run", action="store_true", help="check the machine and print the plan; no TensorFlow")
+    p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    p.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    # test-only: the ResNet steps on another workload and device (tests/test_gpu_check.py runs them on the CPU)
+    p.add_argument("--child-model", default="resnet50", help=argparse.SUPPRESS)
+    p.add_argument("--child-device", choices=("GPU", "CPU"), default="GPU", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.batch < 1 or args.copy_mib < 1:
+        print(f"gpu_check: --batch {args.batch} / --copy-mib {args.copy_mib}: both must be >= 1", file=sys.stderr)
+        return 2
+    if args.child:
+        try:
+            out = CHILDREN[args.child](args)
+        except Exception as exc:  # noqa: BLE001 - reported to the parent as this step's failure
+            out = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc) else ''}"}
+        args.child_out.write_text(json.dumps(out, default=str))
+        return 0
+
+    from lms.devices import get_device
+    from lms.nvml import gpu_inventory
+    from tuner.backends.gpu import default_profile
+    from tuner.environment import tensorflow_distribution
+    from tuner.gpus import GpuChoiceError, choose_gpu
+    from tuner.worker import worker_env
+
+    tf_dist = tensorflow_distribution()
+    print(f"TensorFlow: {tf_dist[0] + ' ' + tf_dist[1] if tf_dist else 'not installed'}")
+    try:
+        smi_text = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        smi_text = None
+    print(f"nvidia-smi -L: {'not found' if smi_text is None else str(len(parse_smi_list(smi_text))) + ' devices'}")
+    found = gpu_inventory()
+    if not found:
+        print("gpu_check: no GPU: NVML lists none (no driver, no nvidia-ml-py, or no device); nothing measured",
+              file=sys.stderr)
+        return 2
+    try:
+        chosen, note = choose_gpu(args.gpu, env=os.environ, inventory=found)
+    except GpuChoiceError as exc:
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        return 2
+    if note:
+        print(note)
+    env = worker_env(gpu=str(chosen["uuid"]))
+    profile = get_device(default_profile(chosen))
+    print(f"GPU: {chosen['name']} ({chosen['uuid']}), PCI {chosen.get('pci_bus_id')}, profile {profile.name}")
+    if tf_dist is not None and tf_dist[0].endswith("-cpu"):
+        print("gpu_check: TensorFlow is the CPU build; install the CUDA build: pip install -e '.[gpu]'",
+              file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print("would run (each in a fresh process, CUDA_VISIBLE_DEVICES=" + env["CUDA_VISIBLE_DEVICES"] + "): "
+              + ", ".join(PHASE_S) + f"; ResNet-50 batch {args.batch}")
+        return 0
+    start = time.monotonic()
+    deadline = start + TOTAL_S
+    workdir = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    results, logs = {}, {}
+    for phase in PHASE_S:
+        print(f"running {phase} ...", flush=True)
+        results[phase], logs[phase] = _run_child(phase, args, env, deadline, workdir)
+    checks = (check_devices(results["devices"], logs["devices"], chosen=chosen,
+                            smi=None if smi_text is None else parse_smi_list(smi_text))
+              + check_bandwidth(results["bandwidth"], profile=profile)
+              + check_lms(results["off"], results["on"]))
+    for c in checks:
+        print(f"{c.status:4}  {c.name}: {c.detail} [MEASURED]" + (f"\n      fix: {c.fix}" if c.fix else ""))
+    doc = {"schema": "gpu_check", "label": "MEASURED", "seconds": round(time.monotonic() - start, 1),
+           "gpu": dict(chosen), "profile": profile.name, "worker_env": {k: env.get(k) for k in (
+               "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TF_GPU_HOST_MEM_LIMIT_IN_MB")},
+           "lms_config": LMS_ON, "batch": args.batch, "steps": results, "checks": [asdict(c) for c in checks],
+           "logs": str(workdir)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    print(f"wrote {args.out} ({doc['seconds']:.0f} s; step logs in {workdir})")
+    return 1 if any(c.status == "FAIL" for c in checks) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
