@@ -339,8 +339,11 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
                          f"{len(tf.config.list_logical_devices(kind))} {kind} device(s)")
     sampler = _make_sampler(nvml, on_gpu=on_gpu, device=device)
     if on_gpu and sampler is not None and not _gpu_growth_enabled(tf, int(index)):
-        log.warning("GPU memory growth is off: NVML's figures show TF's whole pool, not the "
-                    "model (lms.tf.measure.configure_gpu_memory_growth())")
+        if _gpu_memory_limited(tf, int(index)):  # a fixed pool on purpose (the tuner's enforced budget)
+            log.info("GPU memory is a fixed pool (memory_limit): NVML's figures show the pool, not the model")
+        else:
+            log.warning("GPU memory growth is off: NVML's figures show TF's whole pool, not the "
+                        "model (lms.tf.measure.configure_gpu_memory_growth())")
     if _single_batch(batches) and _has_arrays(batches):
         batches = device_batch(batches, device)  # counted once, in every process alike
     source = _batch_source(batches, needed=warmup + steps)
@@ -470,6 +473,14 @@ def _gpu_growth_enabled(tf: Any, index: int) -> bool:
         return bool(tf.config.experimental.get_memory_growth(
             tf.config.list_physical_devices("GPU")[index]))
     except Exception:  # virtual devices, or the index is a logical one
+        return False
+
+
+def _gpu_memory_limited(tf: Any, index: int) -> bool:
+    """The GPU was given logical devices (``memory_limit``), where memory growth cannot be on."""
+    try:
+        return bool(tf.config.get_logical_device_configuration(tf.config.list_physical_devices("GPU")[index]))
+    except Exception:  # noqa: BLE001 - an index past the physical GPUs (a logical one)
         return False
 
 
