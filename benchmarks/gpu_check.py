@@ -126,8 +126,8 @@ def swapin_copy_delays(events: Sequence[TraceEvent], swaps: Iterable[Mapping[str
     host->device memcpy whose stats name a ``_Recv`` TensorFlow made for the
     edge out of the swap-in or its swap-out (``<op>/_<n>``), else that
     ``_Recv`` op's start on the host (TF 2.21 CPU traces: an event
-    ``ExecutorState::ProcessAsync::Start`` with stats ``<op>/_<n> ; _Recv``). ``delay_us`` < 0: the copy began before the
-    trigger finished (nothing gated it). None where the trace did not show it.
+    ``ExecutorState::ProcessAsync::Start`` with stats ``<op>/_<n> ; _Recv``). ``delay_us`` < 0: the copy
+    began before the trigger finished (nothing gated it). None where the trace did not show it.
     """
     host = [e for e in events if not e.plane.startswith("/device:")]
     device = [e for e in events if e.plane.startswith("/device:")]
@@ -450,7 +450,8 @@ def _child_resnet(args: argparse.Namespace, *, lms_on: bool) -> dict[str, Any]:
     plan = fn.plan
     swaps = [{"swap_in": si.name, "swap_out": s.swap_out, "trigger": si.trigger}
              for s in (plan.swaps if plan else ()) for si in s.swap_ins]
-    out.update(n_swaps=len(plan.swaps) if plan else 0, swap_ops_after_grappler=sum(len(swap_op_names(g)) for g in graphs),
+    out.update(n_swaps=len(plan.swaps) if plan else 0,
+               swap_ops_after_grappler=sum(len(swap_op_names(g)) for g in graphs),
                transposes=transposes_next_to_swaps(nodes, is_swap_op_name))
     logdir = tempfile.mkdtemp(prefix="gpu_check_trace_")
     tf.profiler.experimental.start(logdir)

@@ -42,12 +42,11 @@ HOST_OOM = "out of pinned host memory"
 DEVICE_OOM = "out of device memory"
 
 _HOST_ALLOCATOR = re.compile(r"\b(gpu_host_bfc|cuda_host_bfc)\b")
-_BY_ALLOCATOR = re.compile(r"OOM when allocating tensor with shape\s*\[[^\]]*\] and type \w+ on (\S+) by allocator (\S+)")
 _RECV_KEY = re.compile(r"SameWorkerRecvDone unable to allocate output tensor\. Key: ([^;\s]+);[^;]*;([^;\s]+);")
 
 
 def oom_memory(message: str) -> str:
-    """``"host"`` when `message` (a ``ResourceExhaustedError``'s text) is pinned host memory running out, else ``"device"``."""
+    """``"host"`` when `message` (a ``ResourceExhaustedError``'s text) is pinned host memory, else ``"device"``."""
     if _HOST_ALLOCATOR.search(message):
         return "host"
     recv = _RECV_KEY.search(message)

@@ -24,8 +24,8 @@ from ..errors import BadInput
 from .base import GpuChoice
 from .measured import MeasuredBackend
 
-__all__ = ["GpuBackend", "profile_of_gpu", "default_profile", "min_system_memory", "tf_reachable_bytes", "logical_device_configs",
-           "CUDA_CONTEXT_BYTES"]
+__all__ = ["GpuBackend", "profile_of_gpu", "default_profile", "min_system_memory", "tf_reachable_bytes",
+           "logical_device_configs", "CUDA_CONTEXT_BYTES"]
 
 log = logging.getLogger(__name__)
 
