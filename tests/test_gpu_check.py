@@ -58,8 +58,8 @@ def gpu_step(*, copy_at_us: int) -> list[gc.TraceEvent]:
     return gc.events_from_xspace(xspace([
         ("/host:CPU", [("tf_Compute", 1000, [
             ("gradient_tape/block2/ReluGrad:ReluGrad", 100 * US, 20 * US, []),
-            ("ExecutorState::ProcessAsync::Start", 90 * US, 1 * US,
-             ["t-lms_swap_in_0/_12", "_Recv"]),
+            ("ExecutorState::ProcessAsync::Start", 10 * US, 1 * US, ["t-lms_swap_in_0/_13", "_Recv"]),  # waits
+            ("t-lms_swap_in_0/_12:_Send", 90 * US, 1 * US, ["t-lms_swap_in_0 ; x ; /job:localhost/device:CPU:0"]),
         ])]),
         ("/device:GPU:0", [
             ("Stream #7(Compute)", 1000, [
@@ -104,11 +104,11 @@ def test_a_copy_named_after_its_swap_out_counts_too_and_unknowns_stay_none() -> 
         is None
 
 
-def test_without_device_copies_the_recvs_start_on_the_host_is_used() -> None:
+def test_without_device_copies_the_sends_start_on_the_host_is_used() -> None:
     events = [e for e in gpu_step(copy_at_us=700) if not e.plane.startswith("/device:")]
     [row] = gc.swapin_copy_delays(events, [SWAP])
-    assert (row["trigger_source"], row["copy_source"]) == ("host op", "host _Recv")
-    assert row["delay_us"] == pytest.approx(90 - 120)  # the Recv started before the trigger op ended
+    assert (row["trigger_source"], row["copy_source"]) == ("host op", "host _Send")
+    assert row["delay_us"] == pytest.approx(90 - 120)  # the _Send started before the trigger op ended
 
 
 # ------------------------------------------------------------------ the optimized graph
@@ -186,16 +186,21 @@ def test_device_checks_name_the_fix() -> None:
 
 def test_lms_checks() -> None:
     off = {"peak_bytes": 10 << 30, "nvml_process_peak_bytes": 11 << 30}
+    two = [{"transpose": "a", "swap": "s", "side": "before"}, {"transpose": "b", "swap": "s-in", "side": "after"}]
     good = {"peak_bytes": 6 << 30, "nvml_process_peak_bytes": 7 << 30, "swap_ops_after_grappler": 40, "n_swaps": 20,
-            "swapin_delays": [{"delay_us": 12.0}, {"delay_us": None}], "transposes": []}
-    assert [c.status for c in gc.check_lms(off, good)] == ["PASS"] * 4
+            "transfers_gated": 20, "transfers_ungated": [], "swapin_delays": [{"delay_us": 12.0}, {"delay_us": None}],
+            "transposes": two, "transposes_simulated": 2}
+    assert [c.status for c in gc.check_lms(off, good)] == ["PASS"] * 5
     bad = dict(good, peak_bytes=int(9.8 * (1 << 30)), swapin_delays=[{"delay_us": -5000.0}, {"delay_us": 3.0}],
-               transposes=[{"transpose": "t", "swap": "s", "side": "before"}])
-    saves, survive, wait, transposes = gc.check_lms(off, bad)
-    assert (saves.status, survive.status, wait.status, transposes.status) == ("FAIL", "PASS", "FAIL", "FAIL")
+               transfers_ungated=["lms/swap_out/t_0/_12"], transposes=two[:1])
+    saves, survive, gated, wait, transposes = gc.check_lms(off, bad)
+    assert (saves.status, survive.status, gated.status, wait.status, transposes.status) == (
+        "FAIL", "PASS", "FAIL", "FAIL", "WARN")
     assert "1 of 2 swap-in copies began before" in wait.detail and "lms/tf/apply.py" in wait.fix
-    assert "issue 34 item 2" in transposes.fix
-    unknown = gc.check_lms(off, dict(good, swapin_delays=[{"delay_us": None}], logdir="/tmp/x"))[2]
+    assert "20 host->device transfers depend on their trigger" in gated.detail and "1 do not" in gated.detail
+    assert "put 1 Transposes" in transposes.detail and "counts 2" in transposes.detail
+    assert "lms/sim/layout.py" in transposes.fix
+    unknown = gc.check_lms(off, dict(good, swapin_delays=[{"delay_us": None}], logdir="/tmp/x"))[3]
     assert unknown.status == "WARN" and "/tmp/x" in unknown.fix
     assert gc.check_lms(off, {"error": "ResourceExhaustedError: ..."})[0].status == "FAIL"
 
@@ -245,7 +250,9 @@ def test_the_lms_step_runs_and_its_trace_parses_on_cpu(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert "error" not in doc, doc
     assert doc["n_swaps"] > 0 and doc["swap_ops_after_grappler"] >= doc["n_swaps"] and doc["peak_bytes"] > 0
-    assert doc["n_trace_events"] > 100 and doc["transposes"] == []  # no layout optimizer on the CPU
+    assert doc["n_trace_events"] > 100
+    assert doc["transposes"] == [] and doc["transposes_simulated"] == 0  # no layout optimizer on the CPU
+    assert doc["transfers_gated"] == 0 and doc["transfers_ungated"] == []  # one device: no transfers
     triggered = [r for r in doc["swapin_delays"] if r["trigger"]]
     # the triggers are found in the trace (here 26 of 29: Grappler removes a few no-op Reshape triggers)
     assert triggered and sum(r["trigger_end_us"] is not None for r in triggered) >= 0.8 * len(triggered)
@@ -288,10 +295,10 @@ TWO_CPUS = textwrap.dedent("""
 @pytest.mark.tf
 @pytest.mark.slow
 def test_swap_in_copies_are_found_in_a_real_trace_between_two_devices() -> None:
-    """Two logical CPU devices partition the step as a GPU does: each swap-in's copy is a _Recv the parser finds.
+    """Two logical CPU devices partition the step as a GPU does: the parser finds each swap-in's copy (its _Send).
 
-    (Whether the copies wait for their triggers is issue 34's placement fix, tested with the rewrite; here: that
-    `gpu_check` can tell, from TF 2.21's own trace.)
+    And tells early from late: before the host-side gating (3a081c2) 23 of the 26 timed copies started before
+    their trigger ended; since b14ecaa none does (the earliest 8 us after).
     """
     out = subprocess.run([sys.executable, "-c", TWO_CPUS], capture_output=True, text=True, timeout=600, cwd=ROOT,
                          env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)})
@@ -299,4 +306,6 @@ def test_swap_in_copies_are_found_in_a_real_trace_between_two_devices() -> None:
     rows = [r for r in json.loads(out.stdout.strip().splitlines()[-1]) if r["trigger"]]
     matched = [r for r in rows if r["delay_us"] is not None]
     assert rows and len(matched) >= 0.8 * len(rows), rows
-    assert {r["copy_source"] for r in matched} == {"host _Recv"} and {r["trigger_source"] for r in matched} == {"host op"}
+    assert {r["copy_source"] for r in matched} == {"host _Send"} and {r["trigger_source"] for r in matched} == {"host op"}
+    # main since b14ecaa gates the host-side swap-in: no copy starts before its trigger ended
+    assert [r for r in matched if r["delay_us"] < 0] == []
