@@ -19,6 +19,10 @@ or UUIDs (``GPU-...``/``MIG-...``, unique prefixes allowed). NVML numbers
 devices in PCI bus order; CUDA does too only with
 ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (a warning is logged where that matters).
 
+`gpu_inventory` lists every GPU with its PCI bus id, free memory and compute
+capability, followed by its MIG instances when it is in MIG mode (each with its
+own memory and ``MIG-`` UUID, which is what ``CUDA_VISIBLE_DEVICES`` takes).
+
 In a container without the host's PID namespace NVML reports host PIDs, so
 this process's entry is not found: the per-process figure is then ``None``
 and only the device-wide one is available.
