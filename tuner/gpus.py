@@ -211,8 +211,9 @@ def host_memory_limit_bytes(*, host_bytes: int, workers: int) -> int:
 
     TensorFlow's GPU host allocator (``gpu_host_bfc``) holds swapped tensors in
     page-locked memory the OS cannot page out; its cap, ``TF_GPU_HOST_MEM_LIMIT_IN_MB``,
-    defaults per process to 128 GiB in TF 2.21 (``1 << 17`` MB in
-    ``gpu_process_state.cc``), so eight workers could try to pin 1 TiB. The
+    defaults per process to 128 GiB (``1 << 17`` MB in ``gpu_process_state.cc``'s
+    ``GetGpuHostAllocator`` beside ``gpu_host_mem_limit_in_mb``, which TF 2.21's
+    options have; 64 GiB before), so eight workers could try to pin 1 TiB. The
     quarter left over is for the OS, the parent and each worker's own heap.
     """
     if workers < 1:
