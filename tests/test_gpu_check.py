@@ -246,7 +246,7 @@ def test_the_lms_step_runs_and_its_trace_parses_on_cpu(tmp_path: Path) -> None:
     subprocess.run([sys.executable, str(SCRIPT), "--child", "on", "--child-out", str(out), "--child-device", "CPU",
                     "--child-model", "residual", "--batch", "4"], check=True, timeout=600, capture_output=True,
                    env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3",
-                        "TF_CPU_ALLOCATOR_USE_BFC": "true", "PYTHONPATH": str(ROOT)})
+                        "TF_CPU_ALLOCATOR_USE_BFC": "true", "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)})
     doc = json.loads(out.read_text())
     assert "error" not in doc, doc
     assert doc["n_swaps"] > 0 and doc["swap_ops_after_grappler"] >= doc["n_swaps"] and doc["peak_bytes"] > 0
@@ -294,14 +294,15 @@ TWO_CPUS = textwrap.dedent("""
 
 @pytest.mark.tf
 @pytest.mark.slow
-def test_swap_in_copies_are_found_in_a_real_trace_between_two_devices() -> None:
+def test_swap_in_copies_are_found_in_a_real_trace_between_two_devices(tmp_path: Path) -> None:
     """Two logical CPU devices partition the step as a GPU does: the parser finds each swap-in's copy (its _Send).
 
     And tells early from late: before the host-side gating (3a081c2) 23 of the 26 timed copies started before
     their trigger ended; since b14ecaa none does (the earliest 8 us after).
     """
     out = subprocess.run([sys.executable, "-c", TWO_CPUS], capture_output=True, text=True, timeout=600, cwd=ROOT,
-                         env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)})
+                         env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT),
+                              "TMPDIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [r for r in json.loads(out.stdout.strip().splitlines()[-1]) if r["trigger"]]
     matched = [r for r in rows if r["delay_us"] is not None]
