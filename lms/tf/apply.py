@@ -57,7 +57,7 @@ from .emulate import emulated_swap_in, emulated_swap_out
 __all__ = ["apply_plan", "observe_swapped_size", "anchor_triggers", "AppliedPlan", "SWAP_OPS", "HOST_DEVICE",
            "REWRITABLE_TYPES", "DO_NOT_REMOVE_ATTR", "default_compute_device", "swap_op_names", "is_swap_op_name",
            "clone_op_names", "optimized_graph_def",
-           "executed_graph_defs"]
+           "executed_graph_defs", "instantiated_function_graphs"]
 
 log = logging.getLogger(__name__)
 
@@ -474,16 +474,14 @@ def optimized_graph_def(concrete_fn: Any) -> Any:
     return tf_optimizer.OptimizeGraph(config, meta, verbose=False)
 
 
-def executed_graph_defs(fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
-    """Call ``fn(*args, **kwargs)`` once and return the graphs the runtime ran, after Grappler.
+def instantiated_function_graphs(fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
+    """Call ``fn(*args, **kwargs)`` once and return TF's record of every function the call instantiated.
 
-    TensorFlow records a function's optimized graph when it instantiates it,
-    so this must be the first call of `fn` for these argument types (a fresh
-    `LMSFunction` or ``tf.function``). The call runs: a training step updates
-    the weights.
-
-    Returns:
-        The post-optimization GraphDef of every function instantiated by the call.
+    Each record (``RunMetadata.FunctionGraphs``) holds the function's graph before
+    and after Grappler and its per-device partition graphs. TensorFlow records a
+    function when it instantiates it, so this must be the first call of `fn` for
+    these argument types (a fresh `LMSFunction` or ``tf.function``). The call
+    runs: a training step updates the weights.
 
     Raises:
         ValueError: nothing was recorded (the function had already run).
@@ -496,8 +494,18 @@ def executed_graph_defs(fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
         metadata = context.export_run_metadata()
     finally:
         context.disable_run_metadata()
-    graphs = [g.post_optimization_graph for g in metadata.function_graphs]
-    if not graphs:
-        raise ValueError("no optimized graph was recorded: TensorFlow records it when it first "
+    if not metadata.function_graphs:
+        raise ValueError("no function graph was recorded: TensorFlow records it when it first "
                          "instantiates a function; pass a function not yet run for these inputs")
-    return graphs
+    return list(metadata.function_graphs)
+
+
+def executed_graph_defs(fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
+    """Call ``fn(*args, **kwargs)`` once and return the graphs the runtime ran, after Grappler.
+
+    See `instantiated_function_graphs` (the first call only; the step runs).
+
+    Returns:
+        The post-optimization GraphDef of every function instantiated by the call.
+    """
+    return [g.post_optimization_graph for g in instantiated_function_graphs(fn, *args, **kwargs)]

@@ -66,26 +66,11 @@ class SwapTransfer:
 def executed_partition_graphs(fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
     """Call ``fn(*args, **kwargs)`` once and return the per-device partition graphs TF ran.
 
-    Like `lms.tf.apply.executed_graph_defs`, this must be the first call of `fn`
-    for these argument types (TF records the graphs when it instantiates the
-    function), and the call runs (a training step updates the weights).
-
-    Raises:
-        ValueError: nothing was recorded (the function had already run).
+    The first call only (`lms.tf.apply.instantiated_function_graphs`); the step runs.
     """
-    from tensorflow.python.eager import context
+    from .apply import instantiated_function_graphs
 
-    context.enable_run_metadata()
-    try:
-        fn(*args, **kwargs)
-        metadata = context.export_run_metadata()
-    finally:
-        context.disable_run_metadata()
-    graphs = [pg for fg in metadata.function_graphs for pg in fg.partition_graphs]
-    if not graphs:
-        raise ValueError("no partition graph was recorded: TensorFlow records them when it first "
-                         "instantiates a function; pass a function not yet run for these inputs")
-    return graphs
+    return [pg for fg in instantiated_function_graphs(fn, *args, **kwargs) for pg in fg.partition_graphs]
 
 
 def _input_op(name: str) -> str:
