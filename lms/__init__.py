@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .auto import AutoChoice, NoConfigFits, choose_config
 from .config import LMSConfig
 from .graph import Graph, GraphBuilder, GraphError, Op, Role, Tensor
 from .plan import PlanError, Skip, Swap, SwapIn, SwapPlan, rewrite_graph
@@ -37,6 +38,7 @@ __all__ = [
     "LMSConfig", "Graph", "GraphBuilder", "GraphError", "Op", "Role", "Tensor",
     "PlanError", "Skip", "Swap", "SwapIn", "SwapPlan", "rewrite_graph",
     "find_candidates", "plan_swaps", "Clone", "Recompute", "RecomputePlan", "plan_recompute",
+    "choose_config", "AutoChoice", "NoConfigFits",
     "__version__", *_LAZY,
 ]
 

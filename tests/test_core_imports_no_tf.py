@@ -12,7 +12,7 @@ CORE = ["lms", "lms.config", "lms.graph", "lms.planner", "lms.plan", "lms.optype
         "lms.recompute_planner", "lms.simulator", "lms.devices",
         "lms.anchor", "lms.schedule", "lms.schedule_model", "lms.schedule_candidates", "lms.exact",
         "lms.sim", "lms.sim.compiled", "lms.sim.order", "lms.sim.result", "lms.sim.costs", "lms.sim.interpreter",
-        "lms.sim.search", "lms.sim.bfc", "lms.sim.bound"]
+        "lms.sim.search", "lms.sim.bfc", "lms.sim.bound", "lms.sim.layout", "lms.auto", "lms.sizes"]
 TUNER = ["tuner", "tuner.cli", "tuner.search", "tuner.settings", "tuner.knobs", "tuner.space", "tuner.loop",
          "tuner.records", "tuner.recovery", "tuner.pareto", "tuner.graphs", "tuner.worker", "tuner.protocol",
          "tuner.backends", "tuner.outputs", "tuner.study",

@@ -41,11 +41,14 @@ from typing import Any, Callable, Mapping
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
+from ..auto import AUTO, DEFAULT_MARGIN, NoConfigFits
 from ..config import LMSConfig
 from ..graph import Graph
 from ..plan import SwapPlan
 from ..planner import plan_swaps
+from ..sim.interpreter import resolve_plan
 from .apply import AppliedPlan, apply_plan, observe_swapped_size
+from .auto import AutoSettings, PeakCheck
 from .emulate import default_emulate
 from .extract import extract_graph
 from .train import GradientRecord, record_gradients
@@ -103,6 +106,9 @@ class LMSSummary:
         recomputed: tensors the backward pass rebuilds instead (``LMSConfig.recompute``).
         recomputed_bytes: their bytes at `batch_size` (no longer kept or swapped).
         n_clones: forward ops cloned into the backward pass to rebuild them.
+        config: the `LMSConfig` this trace was planned with (with ``config="auto"``: the one chosen).
+        auto: with ``config="auto"``, the `lms.auto.AutoChoice` (what was simulated and why this config);
+            None otherwise.
     """
 
     n_swapped: int
@@ -116,6 +122,8 @@ class LMSSummary:
     recomputed_bytes: int = 0
     n_clones: int = 0
     note: str = ""
+    config: LMSConfig | None = None
+    auto: Any = None
 
     def at_batch(self, graph: Graph, batch: int) -> "LMSSummary":
         """The same swaps with their bytes at `batch` (sizes from the graph model, affine in the batch)."""
@@ -125,14 +133,16 @@ class LMSSummary:
                        recomputed_bytes=recomputed_bytes)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = asdict(replace(self, config=None, auto=None))
         out["swapped"] = [dict(s, consumers=list(s["consumers"]), swap_ins=list(s["swap_ins"]))
                           for s in out["swapped"]]
         out["recomputed"] = list(self.recomputed)
+        out["config"] = self.config.to_dict() if self.config is not None else None
+        out["auto"] = self.auto.to_dict() if self.auto is not None else None
         return out
 
     @classmethod
-    def from_plan(cls, plan: SwapPlan, *, swap_ops: str, note: str = "") -> "LMSSummary":
+    def from_plan(cls, plan: SwapPlan, *, swap_ops: str, note: str = "", auto: Any = None) -> "LMSSummary":
         swapped = tuple(
             SwappedTensor(tensor=s.tensor, bytes=s.nbytes, kind=s.kind, consumers=s.consumers,
                           trigger=s.swap_ins[0].trigger if s.swap_ins else None,
@@ -143,7 +153,7 @@ class LMSSummary:
                    n_candidates=plan.n_candidates, batch_size=plan.batch_size, swap_ops=swap_ops,
                    swapped=swapped, recomputed=rp.tensors if rp is not None else (),
                    recomputed_bytes=plan.recomputed_bytes, n_clones=rp.n_clones if rp is not None else 0,
-                   note=note)
+                   note=note, config=plan.config, auto=auto)
 
 
 def as_config(config: Any) -> LMSConfig:
@@ -189,7 +199,16 @@ class _Rewriter:
     """
 
     def __init__(self, config: Any, *, emulate: bool | None, bandwidth: float | None,
-                 device: str | None, owner: str, pin_whole: bool = False) -> None:
+                 device: str | None, owner: str, pin_whole: bool = False, budget: Any = None,
+                 margin: float = DEFAULT_MARGIN) -> None:
+        self.auto: AutoSettings | None = None
+        self.pending_error: Exception | None = None  # an lms error raised while tracing (see `LMSFunction._call`)
+        if isinstance(config, str) and config == AUTO:
+            emulating = default_emulate() if emulate is None else bool(emulate)
+            self.auto = AutoSettings.create(budget=budget, margin=margin, emulate=emulating)
+            config = LMSConfig()  # each trace plans with the config chosen for it (`lms.auto`)
+        elif budget is not None:
+            raise ValueError("budget= applies to config='auto' only (a given LMSConfig swaps what it says)")
         self.config = as_config(config)
         # the caller runs memory-scheduled steps pinned whole when it can (`lms.tf.exact`): the order is
         # then chosen for what runs exactly (`schedule_ops(..., exact=True)`)
@@ -227,23 +246,50 @@ class _Rewriter:
         model = extract_graph(graph, loss_tensor=rec.targets, batch_size=batch, symbolic_batch=symbolic,
                               backward_ops=rec.backward_ops, name=self.owner)
         extracted = time.perf_counter()
-        plan = plan_swaps(model, self.config)  # triggers already anchored (lms.anchor)
+        config, choice = self.config, None
+        may_pin_whole = self.pin_whole and _may_pin_whole(graph)
+        if self.auto is not None:
+            if symbolic and not batch_hint:
+                self.pending_error = ValueError(
+                    f"config='auto' in {self.owner} needs the batch the step runs at, and the trace has no static "
+                    "batch: give it (enable_lms(..., batch_size=N) for a dataset, or call with a known batch)")
+                raise self.pending_error
+            try:
+                choice = self.auto.choose(model, batch=batch, exact=may_pin_whole, owner=self.owner)
+            except NoConfigFits as exc:
+                # raised through AutoGraph, which would turn it into a StagingError: the caller re-raises it
+                self.pending_error = exc
+                raise
+            config = choice.config
+        if choice is not None and not config.enabled and not config.pins_order:
+            plan = SwapPlan(config=config, batch_size=batch, graph_name=self.owner)
+            trace = _Trace(model, plan, None, LMSSummary.from_plan(plan, swap_ops=self.swap_ops, auto=choice,
+                                                                   note="auto: the step fits without LMS"),
+                           {"extract_s": extracted - start, "choose_s": choice.elapsed_s})
+            with self._lock:
+                self.last = trace
+                self.traces[graph] = trace
+            return
+        # with auto, the plan and schedule simulated for the choice are reused (cached per graph and config)
+        plan = resolve_plan(model, config) if choice is not None else plan_swaps(model, config)
         plan.validate(model)
         planned = time.perf_counter()
         applied = apply_plan(graph, plan, swap_ops=self.swap_ops, bandwidth=self.bandwidth, device=self.device)
         swapped = time.perf_counter()
         schedule = None
-        if self.config.pins_order:  # the order chosen over the graph model, pinned by control edges
-            from ..schedule import schedule_ops
+        if config.pins_order:  # the order chosen over the graph model, pinned by control edges
+            from ..sim.interpreter import schedule_for
             from .pin import apply_schedule
 
-            exact = self.pin_whole and self.config.schedule == "memory" and _may_pin_whole(graph)
-            schedule = schedule_ops(model, plan, exact=exact)
+            exact = may_pin_whole and config.schedule == "memory"
+            schedule = schedule_for(model, plan, exact=exact)
             apply_schedule(graph, schedule.edges)
         done = time.perf_counter()
-        summary = LMSSummary.from_plan(plan, swap_ops=self.swap_ops)
+        summary = LMSSummary.from_plan(plan, swap_ops=self.swap_ops, auto=choice)
         timings = {"extract_s": extracted - start, "plan_s": planned - extracted, "apply_s": swapped - planned,
                    "schedule_s": done - swapped}
+        if choice is not None:
+            timings["choose_s"] = choice.elapsed_s
         trace = _Trace(model, plan, applied, summary, timings, schedule=schedule)
         with self._lock:
             self.last = trace
@@ -404,7 +450,11 @@ class _LatestTrace:
 
     @property
     def config(self) -> LMSConfig:
-        return self._rewriter.config
+        """The `LMSConfig`; with ``config="auto"``, the one chosen for the latest trace (None before it)."""
+        rw = self._rewriter
+        if rw.auto is None:
+            return rw.config
+        return rw.last.plan.config if rw.last else None
 
     @property
     def swap_ops(self) -> str:
@@ -446,7 +496,7 @@ class LMSFunction(_LatestTrace):
 
     def __init__(self, fn: Callable, *, config: Any, emulate: bool | None = None,
                  bandwidth: float | None = None, device: str | None = None, pin_whole: bool | None = None,
-                 **tf_function_kwargs: Any) -> None:
+                 budget: Any = None, margin: float = DEFAULT_MARGIN, **tf_function_kwargs: Any) -> None:
         if not callable(fn):
             raise ValueError(f"lms.function needs a callable, got {type(fn).__name__}")
         if tf_function_kwargs.get("jit_compile"):
@@ -456,16 +506,18 @@ class LMSFunction(_LatestTrace):
             raise ValueError(f"pin_whole={pin_whole!r}: allowed values are None (when possible), True, False")
         name = getattr(fn, "__name__", "step")
         self._rewriter = _Rewriter(config, emulate=emulate, bandwidth=bandwidth, device=device,
-                                   owner=f"lms.function({name})", pin_whole=pin_whole is not False)
+                                   owner=f"lms.function({name})", pin_whole=pin_whole is not False,
+                                   budget=budget, margin=margin)
         self._fn = fn
         self._options = {"emulate": emulate, "bandwidth": bandwidth, "device": device, "pin_whole": pin_whole,
-                         **tf_function_kwargs}
+                         "budget": budget, "margin": margin, **tf_function_kwargs}
         self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._hint = threading.local()
         self._pin_whole = pin_whole
         # concrete function -> its step pinned whole (`lms.tf.exact.ExactStep`), or why it is not
         self._whole: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
         self._whole_lock = threading.Lock()
+        self._peak_check = PeakCheck(self._rewriter.auto) if self._rewriter.auto is not None else None
 
         rewriter = self._rewriter
         hint = self._hint
@@ -479,9 +531,29 @@ class LMSFunction(_LatestTrace):
         self._tf_function = tf.function(traced, **tf_function_kwargs)
         functools.update_wrapper(self, fn)
 
+    @tf.autograph.experimental.do_not_convert  # plain Python; the step itself is converted by its tf.function
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._hint.batch = _call_batch(args, kwargs)
-        if self._pin_whole is not False and self._rewriter.config.schedule == "memory":
+        try:
+            if self._peak_check is not None:
+                last = self._rewriter.last
+                return self._peak_check.call(lambda: self._call(args, kwargs), owner=self._rewriter.owner,
+                                             choice=last.summary.auto if last is not None else None)
+            return self._call(args, kwargs)
+        except Exception:
+            pending, self._rewriter.pending_error = self._rewriter.pending_error, None
+            if pending is not None:  # AutoGraph wrapped it while tracing: the user gets the error itself
+                raise pending from None
+            raise
+
+    @property
+    def auto_measured_peak_bytes(self) -> int | None:
+        """With ``config="auto"``: TF's allocator peak of the step's second call (checked against the budget)."""
+        return self._peak_check.measured_peak_bytes if self._peak_check is not None else None
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
+        if self._pin_whole is not False and (self._rewriter.auto is not None
+                                             or self._rewriter.config.schedule == "memory"):
             out = self._call_pinned_whole(args, kwargs)
             if out is not _NOT_WHOLE:
                 return out
@@ -525,6 +597,8 @@ class LMSFunction(_LatestTrace):
         from .exact import ExactUnavailable, build_exact_step
 
         trace = self._rewriter.traces.get(concrete.graph)
+        if trace is not None and trace.plan.config.schedule != "memory":  # config="auto" chose TF's order
+            return "its trace is not memory-scheduled"
         schedule = trace.schedule if trace is not None else None
         if schedule is None or not schedule.exact:
             reason = "its trace was not scheduled to be pinned whole (see lms.tf.exact.unpinnable_reason)"
@@ -571,14 +645,21 @@ class LMSFunction(_LatestTrace):
             return self
         bound = self._bound.get(instance)
         if bound is None:
-            bound = LMSFunction(types.MethodType(self._fn, instance), config=self.config, **self._options)
+            config = AUTO if self._rewriter.auto is not None else self._rewriter.config
+            bound = LMSFunction(types.MethodType(self._fn, instance), config=config, **self._options)
             self._bound[instance] = bound
         return bound
 
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
         """Trace (with LMS applied) and return the concrete function, like ``tf.function``'s."""
         self._hint.batch = _call_batch(args, kwargs)
-        return self._tf_function.get_concrete_function(*args, **kwargs)
+        try:
+            return self._tf_function.get_concrete_function(*args, **kwargs)
+        except Exception:
+            pending, self._rewriter.pending_error = self._rewriter.pending_error, None
+            if pending is not None:
+                raise pending from None
+            raise
 
     @property
     def python_function(self) -> Callable:
@@ -603,14 +684,17 @@ class LMSFunction(_LatestTrace):
 
 def function(fn: Callable | None = None, *, config: Any, emulate: bool | None = None,
              bandwidth: float | None = None, device: str | None = None, pin_whole: bool | None = None,
-             **tf_function_kwargs: Any) -> Any:
+             budget: Any = None, margin: float = DEFAULT_MARGIN, **tf_function_kwargs: Any) -> Any:
     """``tf.function`` for a training step, with Large Model Support.
 
     Use as ``lms.function(step, config=...)`` or ``@lms.function(config=...)``.
 
     Args:
         fn: the step: forward pass, ``tf.GradientTape``, optimizer update.
-        config: an `LMSConfig` (or a dict of its fields).
+        config: an `LMSConfig` (or a dict of its fields, or a config file's path), or
+            ``"auto"``: at each trace, the config the simulator predicts fastest among
+            those that fit `budget` at the traced batch (`lms.auto.choose_config`);
+            ``summary.config`` and ``summary.auto`` say what was chosen and why.
         emulate: emulated swap ops (`lms.tf.emulate`) instead of real host copies;
             default: emulate when no GPU is visible.
         bandwidth: bytes/s of the emulated link (emulated swap ops sleep
@@ -623,17 +707,23 @@ def function(fn: Callable | None = None, *, config: Any, emulate: bool | None = 
             one chain, Grappler off; one CPU device): ``None`` (default) when
             the step allows it, ``True`` always (ExactUnavailable otherwise),
             ``False`` never (pins through the pinnable ops only).
+        budget: with ``config="auto"``: device memory the step may use, bytes or a
+            size such as ``"14GiB"``; default on a GPU: its memory less what others
+            hold and a reserve (`lms.tf.auto.default_gpu_budget`); required without one.
+        margin: with ``config="auto"``: fraction of `budget` kept free (default 5%).
         **tf_function_kwargs: passed to ``tf.function`` (``jit_compile=True`` is refused).
 
     Returns:
         An `LMSFunction` (or a decorator making one).
 
     Raises:
-        ValueError: invalid config or bandwidth, ``jit_compile=True``; on the
+        ValueError: invalid config, bandwidth or budget, ``jit_compile=True``; on the
             first call, a step that computes no gradients.
+        lms.auto.NoConfigFits: with ``config="auto"``, at a trace, when no config
+            fits (the message names a batch that would).
     """
     if fn is None:
         return lambda f: LMSFunction(f, config=config, emulate=emulate, bandwidth=bandwidth, device=device,
-                                     pin_whole=pin_whole, **tf_function_kwargs)
+                                     pin_whole=pin_whole, budget=budget, margin=margin, **tf_function_kwargs)
     return LMSFunction(fn, config=config, emulate=emulate, bandwidth=bandwidth, device=device,
-                       pin_whole=pin_whole, **tf_function_kwargs)
+                       pin_whole=pin_whole, budget=budget, margin=margin, **tf_function_kwargs)

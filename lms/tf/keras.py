@@ -32,6 +32,7 @@ from typing import Any
 
 import keras
 
+from ..auto import DEFAULT_MARGIN
 from ..config import LMSConfig
 from .function import _LatestTrace, _Rewriter
 
@@ -55,16 +56,44 @@ class KerasLMS(_LatestTrace):
     """
 
     def __init__(self, config: Any, *, emulate: bool | None = None, bandwidth: float | None = None,
-                 device: str | None = None, owner: str = "model.fit") -> None:
-        self._rewriter = _Rewriter(config, emulate=emulate, bandwidth=bandwidth, device=device, owner=owner)
+                 device: str | None = None, owner: str = "model.fit", budget: Any = None,
+                 margin: float = DEFAULT_MARGIN, batch_size: int | None = None) -> None:
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise ValueError(f"batch_size={batch_size!r}: must be an integer >= 1 (the batch fit runs at)")
+        self._rewriter = _Rewriter(config, emulate=emulate, bandwidth=bandwidth, device=device, owner=owner,
+                                   budget=budget, margin=margin)
+        self.batch_size = batch_size
+        self.fit_batch: int | None = None  # the batch of the latest ``fit`` call, when it says one
 
     def train_step(self, model: Any, train_step: Any, data: Any) -> Any:
-        """Run Keras' `train_step` (during tracing) and rewrite what it built."""
+        """Run Keras' `train_step` (during tracing) and rewrite what it built.
+
+        Keras traces the step with an unknown batch dimension; with ``config="auto"``
+        the batch planned for is `batch_size`, else the latest ``fit``'s.
+        """
         if model.jit_compile:
             raise ValueError(_JIT_MESSAGE)
-        with self._rewriter.session((data,), {}, batch_hint=None):
+        with self._rewriter.session((data,), {}, batch_hint=self.batch_size or self.fit_batch):
             logs = train_step(data)
         return logs
+
+
+    def raise_pending(self) -> None:
+        """Re-raise an lms error raised while Keras traced the step (AutoGraph wraps it in a StagingError)."""
+        pending, self._rewriter.pending_error = self._rewriter.pending_error, None
+        if pending is not None:
+            raise pending from None
+
+
+def _fit_batch(args: tuple, kwargs: dict) -> int | None:
+    """The batch ``Model.fit(x, y, batch_size, ...)`` will run at, where the call says it: ``batch_size``, or
+    Keras' default 32 for arrays; None for a dataset or generator (they batch themselves)."""
+    batch = kwargs.get("batch_size", args[2] if len(args) > 2 else None)
+    if batch is not None:
+        return int(batch)
+    x = kwargs.get("x", args[0] if args else None)
+    return 32 if hasattr(x, "shape") and hasattr(x, "dtype") else None
 
 
 def _check_compile_kwargs(kwargs: dict[str, Any]) -> None:
@@ -103,21 +132,27 @@ class LMSModel(keras.Model):
             candidates, just in time (``LMSConfig()``).
         lms_emulate: emulated swap ops; default: when no GPU is visible.
         lms_bandwidth: bytes/s of the emulated link, or None.
+        lms_budget / lms_batch_size: with ``lms_config="auto"``, as `enable_lms`'s
+            ``budget`` and ``batch_size``.
 
     The LMS state (summary, plan) is ``model.lms``.
     """
 
     def __new__(cls, *args: Any, lms_config: Any = None, lms_emulate: bool | None = None,
-                lms_bandwidth: float | None = None, **kwargs: Any) -> Any:
+                lms_bandwidth: float | None = None, lms_budget: Any = None, lms_batch_size: int | None = None,
+                **kwargs: Any) -> Any:
         if _functional_arguments(args, kwargs):
             return enable_lms(keras.Model(*args, **kwargs), LMSConfig() if lms_config is None else lms_config,
-                              emulate=lms_emulate, bandwidth=lms_bandwidth)
+                              emulate=lms_emulate, bandwidth=lms_bandwidth, budget=lms_budget,
+                              batch_size=lms_batch_size)
         return super().__new__(cls, *args, **kwargs)
 
     def __init__(self, *args: Any, lms_config: Any = None, lms_emulate: bool | None = None,
-                 lms_bandwidth: float | None = None, **kwargs: Any) -> None:
+                 lms_bandwidth: float | None = None, lms_budget: Any = None, lms_batch_size: int | None = None,
+                 **kwargs: Any) -> None:
         state = KerasLMS(LMSConfig() if lms_config is None else lms_config, emulate=lms_emulate,
-                         bandwidth=lms_bandwidth, owner=f"{type(self).__name__}.fit")
+                         bandwidth=lms_bandwidth, owner=f"{type(self).__name__}.fit", budget=lms_budget,
+                         batch_size=lms_batch_size)
         super().__init__(*args, **kwargs)
         object.__setattr__(self, "_lms_state", state)
 
@@ -134,9 +169,19 @@ class LMSModel(keras.Model):
     def train_step(self, data: Any) -> Any:
         return self._lms_state.train_step(self, super().train_step, data)
 
+    def fit(self, *args: Any, **kwargs: Any) -> Any:
+        """``keras.Model.fit``; the batch it runs at is noted for ``config="auto"``."""
+        self._lms_state.fit_batch = _fit_batch(args, kwargs)
+        try:
+            return super().fit(*args, **kwargs)
+        except Exception:
+            self._lms_state.raise_pending()
+            raise
+
 
 def enable_lms(model: Any, config: Any, *, emulate: bool | None = None, bandwidth: float | None = None,
-               device: str | None = None) -> Any:
+               device: str | None = None, budget: Any = None, margin: float = DEFAULT_MARGIN,
+               batch_size: int | None = None) -> Any:
     """Turn on LMS for an existing Keras model's ``fit`` (in place); returns the model.
 
     Works before or after ``compile``: a later ``compile`` gets ``jit_compile``
@@ -147,15 +192,29 @@ def enable_lms(model: Any, config: Any, *, emulate: bool | None = None, bandwidt
     Args:
         model: a ``keras.Model`` (TensorFlow backend).
         config: an `LMSConfig`, a dict of its fields, or a config file's path (a tuner
-            ``studies/<study>/recommended.json`` too; the batch it was tuned for is logged).
-        emulate / bandwidth / device: as for `lms.function`.
+            ``studies/<study>/recommended.json`` too; the batch it was tuned for is logged);
+            or ``"auto"`` (see `lms.function`): the config is chosen when ``fit`` traces
+            its step, for the batch ``fit`` runs at (its ``batch_size``, Keras' default 32
+            for arrays, or `batch_size` here for a dataset that batches itself).
+        emulate / bandwidth / device / budget / margin: as for `lms.function`.
+        batch_size: with ``config="auto"``: the batch to plan for when ``fit`` does not
+            say it (a ``tf.data`` dataset).
     """
     if not isinstance(model, keras.Model):
         raise ValueError(f"enable_lms needs a keras.Model, got {type(model).__name__}")
     state = KerasLMS(config, emulate=emulate, bandwidth=bandwidth, device=device,
-                     owner=f"{model.name}.fit")
+                     owner=f"{model.name}.fit", budget=budget, margin=margin, batch_size=batch_size)
     original_step = model.__dict__.get("_lms_original_train_step") or model.train_step
     original_compile = model.__dict__.get("_lms_original_compile") or model.compile
+    original_fit = model.__dict__.get("_lms_original_fit") or model.fit
+
+    def fit(*args: Any, **kwargs: Any) -> Any:
+        state.fit_batch = _fit_batch(args, kwargs)
+        try:
+            return original_fit(*args, **kwargs)
+        except Exception:
+            state.raise_pending()
+            raise
 
     def train_step(data: Any) -> Any:
         return state.train_step(model, original_step, data)
@@ -166,8 +225,8 @@ def enable_lms(model: Any, config: Any, *, emulate: bool | None = None, bandwidt
         _turn_off_xla(model)
 
     for name, value in (("_lms_original_train_step", original_step), ("_lms_original_compile", original_compile),
-                        ("_lms_state", state), ("lms", state), ("train_step", train_step),
-                        ("compile", compile)):
+                        ("_lms_original_fit", original_fit), ("_lms_state", state), ("lms", state),
+                        ("train_step", train_step), ("compile", compile), ("fit", fit)):
         object.__setattr__(model, name, value)
     if getattr(model, "compiled", False) and model.jit_compile:
         log.warning("LMS: turning off XLA (jit_compile) for %s: it would bypass the swap ops", model.name)
