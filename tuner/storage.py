@@ -10,8 +10,8 @@ Default: one embedded SQLite file per study, ``studies/<study>/study.db``.
   ``mysql+pymysql://...``: several machines. Needs the driver
   (``pip install 'tflms-tuner[postgres]'``).
 
-A password in a URL is never printed, logged or written: `mask_url` replaces it
-with ``***`` and every message built here goes through it.
+A password in a URL (or a secret in its query) is never printed, logged or written:
+`tuner.masking.mask_url` replaces it with ``***`` and every message built here goes through it.
 """
 
 from __future__ import annotations
@@ -26,18 +26,20 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
-from urllib.parse import quote, unquote
+
+from .masking import mask_secrets, mask_url, sqlalchemy_url
 
 __all__ = [
     "StorageSpec", "StorageError", "StudyNameError", "validate_study_name", "resolve_storage",
-    "mask_url", "mask_secrets", "engine_url", "open_storage", "storage_lock", "check_reachable", "study_names", "DEFAULT_STUDIES_DIR",
+    "mask_url", "mask_secrets", "engine_url", "open_storage", "storage_lock", "check_reachable", "study_names",
+    "storage_failure", "writable_folder", "DEFAULT_STUDIES_DIR",
 ]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_STUDIES_DIR = Path("studies")
 STUDY_DB = "study.db"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # matched whole (fullmatch: no "$" before a final newline)
 _RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql")
 _DRIVERS = {"postgresql": ("psycopg2", "psycopg"), "postgres": ("psycopg2", "psycopg"),
             "mysql": ("pymysql", "MySQLdb"), "mariadb": ("pymysql", "MySQLdb")}
@@ -69,7 +71,7 @@ def validate_study_name(name: str) -> str:
         raise StudyNameError(f"study name {name!r} contains a path separator; use a plain name such as 'resnet50-16g'")
     if ".." in name:
         raise StudyNameError(f"study name {name!r} contains '..'; use a plain name such as 'resnet50-16g'")
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise StudyNameError(
             f"study name {name!r} is not allowed; use 1-100 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit")
@@ -102,74 +104,6 @@ class StorageSpec:
         return self.path.is_file() if self.path is not None else True
 
 
-def mask_url(url: str) -> str:
-    """``postgresql://u:secret@h/db`` -> ``postgresql://u:***@h/db``; also ``password=`` query values.
-
-    The password is found the way SQLAlchemy finds it (`sqlalchemy.engine.make_url`,
-    shown with ``render_as_string(hide_password=True)``), so a password holding
-    ``/``, ``:``, ``#``, ``?``, ``%`` or spaces is masked whole. A raw ``@`` in a
-    password (which SQLAlchemy would split at) and strings SQLAlchemy cannot
-    parse fall back to masking everything between ``user:`` and the last ``@``.
-    """
-    query_masked = _mask_query(url)
-    if _userinfo_password(url) is None:
-        return query_masked
-    parsed = _sqlalchemy_url(url)
-    if parsed is not None and parsed.password is not None and url.count("@") == 1:
-        return _mask_query(parsed.render_as_string(hide_password=True))
-    return _mask_query(_USERINFO.sub(r"\1:***@", url, count=1))
-
-
-# scheme://user:password@rest, the password running to the *last* "@" (over-masking is the safe side)
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):(.*)@", re.DOTALL)
-_QUERY_SECRET = re.compile(r"(?i)([?&](?:password|passwd|pwd)=)([^&]*)")
-
-
-def _mask_query(url: str) -> str:
-    return _QUERY_SECRET.sub(r"\1***", url)
-
-
-def _userinfo_password(url: str) -> str | None:
-    m = _USERINFO.match(url)
-    return m.group(2) if m else None
-
-
-def _sqlalchemy_url(url: str) -> Any:
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url)
-    except Exception:  # not a URL SQLAlchemy reads (journal:, garbage): the regex fallback masks it
-        return None
-
-
-def _secrets(url: str) -> list[str]:
-    """Every form in which `url`'s password may appear in a message (raw, %-decoded, %-encoded)."""
-    found: list[str] = []
-    raw = _userinfo_password(url)
-    candidates = [raw] if raw else []
-    parsed = _sqlalchemy_url(url)
-    if parsed is not None and parsed.password:
-        candidates.append(str(parsed.password))
-    candidates += [m.group(2) for m in _QUERY_SECRET.finditer(url)]
-    if raw and "@" in raw:  # SQLAlchemy would take the part after the first "@" for the host: hide its pieces
-        candidates += [piece for piece in raw.split("@") if len(piece) >= 3]
-    for secret in candidates:
-        if secret and secret != "***":
-            found += [secret, unquote(secret), quote(unquote(secret), safe=""), quote(unquote(secret))]
-    return sorted({s for s in found if s and s != "***"}, key=len, reverse=True)
-
-
-def mask_secrets(text: str, url: str | None) -> str:
-    """`text` with the URL's password (raw and %-decoded) replaced by ``***``."""
-    if not url:
-        return text
-    text = text.replace(url, mask_url(url))
-    for secret in _secrets(url):
-        text = text.replace(secret, "***")
-    return text
-
-
 def resolve_storage(storage: str | None, study: str, *, studies_dir: Path = DEFAULT_STUDIES_DIR) -> StorageSpec:
     """Turn ``--storage`` (or its absence) into a `StorageSpec`; nothing is created.
 
@@ -197,7 +131,7 @@ def resolve_storage(storage: str | None, study: str, *, studies_dir: Path = DEFA
             f"storage {shown!r} is not a URL; use sqlite:///file.db, journal:file.log, "
             "postgresql://user@host/db (or leave --storage out for studies/<study>/study.db)")
     scheme = m.group(1).lower()
-    parsed = _sqlalchemy_url(storage)
+    parsed = sqlalchemy_url(storage)
     if parsed is not None and "@" in (parsed.host or ""):
         raise StorageError(f"storage {shown!r}: the password holds a raw '@', which ends it early; write it as "
                            "%40 (and any '%' as %25)")
@@ -226,18 +160,20 @@ def check_reachable(spec: StorageSpec, *, create: bool) -> None:
     """
     if spec.path is not None:
         folder = spec.path.parent
+        if spec.path.exists() and not spec.path.is_file():  # checked first: nothing (no lock file) is made beside it
+            raise StorageError(f"storage {spec.display!r}: {spec.path} is not a file")
         if spec.default or (create and not folder.exists() and folder.is_relative_to(Path.cwd())):
             # made when the storage is opened (the default studies/<study>/, or a folder under the current
             # one, e.g. journal:./studies/<study>/journal.log in a fresh directory): check only that it can be.
             # A missing folder elsewhere (sqlite:////no/such/dir/s.db) is more likely a typo: unreachable.
             probe = next((p for p in (folder, *folder.parents) if p.exists()), None)
-            if probe is None or not probe.is_dir() or (create and not _writable(probe)):
+            if probe is None or not probe.is_dir() or (create and not writable_folder(probe)):
                 what = "the study folder" if spec.default else f"the folder of storage {spec.display!r},"
                 raise StorageError(f"cannot create {what} {folder}: {probe} is not a writable folder")
             return
         if not folder.is_dir():
             raise StorageError(f"storage {spec.display!r} is unreachable: folder {folder} does not exist")
-        if create and not _writable(folder):
+        if create and not writable_folder(folder):
             raise StorageError(f"storage {spec.display!r} is unreachable: folder {folder} is not writable")
         if spec.path.exists() and not spec.path.is_file():
             raise StorageError(f"storage {spec.display!r}: {spec.path} is not a file")
@@ -261,7 +197,7 @@ def check_reachable(spec: StorageSpec, *, create: bool) -> None:
         raise StorageError(mask_secrets(f"storage {spec.display!r} is unreachable: {reason}", spec.url)) from None
 
 
-def _writable(folder: Path) -> bool:
+def writable_folder(folder: Path) -> bool:
     """Whether a file can be created in `folder` (tried, then removed: os.access says yes to root everywhere)."""
     import tempfile
 
@@ -304,42 +240,57 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def open_storage(spec: StorageSpec, *, lock: bool = False) -> Any:
-    """An Optuna storage object for `spec` (creates the file/tables if missing).
+def open_storage(spec: StorageSpec, *, lock: bool = False, read_only: bool = False) -> Any:
+    """An Optuna storage object for `spec` (creates the file/tables if missing, unless `read_only`).
 
     With `lock` (a search, which may start together with others on a new
-    file and race them to create its tables), under `storage_lock`.
+    file and race them to create its tables), under `storage_lock`. With
+    `read_only` (``best``, ``list``, ``report``) nothing is created or changed:
+    no folder, no tables, no journal mode; an SQLite file in a folder this
+    process cannot write (a read-only mount, another user's folder) is read
+    through a private copy, since SQLite's WAL mode needs its side files there.
+
+    Raises:
+        StorageError: the file is not a study storage (a corrupt SQLite file or journal), named.
     """
-    if spec.path is not None:
+    if spec.path is not None and not read_only:
         spec.path.parent.mkdir(parents=True, exist_ok=True)
     with storage_lock(spec) if lock else contextlib.nullcontext():
-        return _open_storage(spec)
+        return _open_storage(spec, read_only=read_only)
 
 
-def _open_storage(spec: StorageSpec) -> Any:
+def _open_storage(spec: StorageSpec, *, read_only: bool = False) -> Any:
     import optuna
 
     if spec.kind == "journal":
         from optuna.storages.journal import JournalFileBackend, JournalStorage
 
         assert spec.path is not None
-        return JournalStorage(JournalFileBackend(str(spec.path)))
+        try:
+            return JournalStorage(JournalFileBackend(str(spec.path)))  # reads the whole log (no lock to read)
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as exc:
+            raise StorageError(f"storage {spec.display!r}: {spec.path} is not an Optuna journal file "
+                               f"({type(exc).__name__}: {_first_line(exc)})") from None
+    url = spec.url
     engine_kwargs: dict[str, Any] = {}
     if spec.kind == "sqlite":
         # Several readers (report, dashboard) may open the file while a search writes.
         engine_kwargs["connect_args"] = {"timeout": 30}
+        if read_only and spec.path is not None and not _can_write_beside(spec.path):
+            url = f"sqlite:///{_private_copy(spec.path)}"
     else:
         scheme = spec.url.split(":", 1)[0].split("+", 1)[0].lower()
         engine_kwargs["connect_args"] = _connect_args(scheme)
         engine_kwargs["pool_pre_ping"] = True
     heartbeat: dict[str, Any] = {}
-    if spec.kind == "rdb":
+    if spec.kind == "rdb" and not read_only:
         heartbeat = {"heartbeat_interval": HEARTBEAT_INTERVAL_S, "grace_period": HEARTBEAT_GRACE_S}
     for attempt in range(_CREATE_ATTEMPTS):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                storage = optuna.storages.RDBStorage(engine_url(spec.url), engine_kwargs=engine_kwargs, **heartbeat)
+                storage = optuna.storages.RDBStorage(engine_url(url), engine_kwargs=engine_kwargs,
+                                                     skip_table_creation=read_only, **heartbeat)
             break
         except Exception as exc:
             # Several processes starting at once on an empty database race to create Optuna's tables:
@@ -349,14 +300,68 @@ def _open_storage(spec: StorageSpec) -> Any:
                 time.sleep(0.2 + random.random() * 0.5)
                 continue
             raise StorageError(mask_secrets(f"cannot open storage {spec.display!r}: {exc}", spec.url)) from None
-    if spec.kind == "sqlite":
+    if spec.kind == "sqlite" and not read_only:
         _fast_sqlite(storage)
     return storage
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]
+
+
+def _can_write_beside(path: Path) -> bool:
+    """Whether SQLite can make its side files (``-wal``, ``-shm``) beside `path` and write `path` itself."""
+    return writable_folder(path.parent) and os.access(path, os.W_OK)
+
+
+def _private_copy(path: Path) -> Path:
+    """A copy of the SQLite file `path` (with its ``-wal``, so no committed trial is missed), removed at exit.
+
+    Nothing can write a file in a read-only folder, so the copy is the study as it is.
+    """
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="lms-tuner-readonly-"))
+    atexit.register(shutil.rmtree, folder, True)
+    copy = folder / path.name
+    shutil.copyfile(path, copy)
+    wal = path.with_name(path.name + "-wal")
+    if wal.is_file():
+        shutil.copyfile(wal, folder / wal.name)
+    log.info("%s is in a folder this process cannot write: reading a private copy", path)
+    return copy
+
+
+_DB_MODULES = ("sqlalchemy", "psycopg2", "psycopg", "sqlite3", "pymysql", "MySQLdb")
+
+
+def storage_failure(exc: BaseException) -> str:
+    """The one-line cause when `exc` is the storage failing (a database server gone, a full disk), else "".
+
+    Optuna reports any failed commit as ``StorageInternalError: ... invalid data in the
+    commit, e.g. exceeding max length``; the cause is the driver's error in its chain
+    (SQLAlchemy's ``DBAPIError.orig``), which is what is said.
+    """
+    chain: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and all(cause is not c for c in chain):
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if not any(type(c).__name__ == "StorageInternalError" or (type(c).__module__ or "").startswith(_DB_MODULES)
+               for c in chain):
+        return ""
+    driver = [c.orig for c in chain if isinstance(getattr(c, "orig", None), BaseException)]
+    named = [c for c in chain if (type(c).__module__ or "").startswith(_DB_MODULES) and str(c).strip()]
+    inner = (driver or named or chain)[0]
+    text = " ".join(str(inner).split()) or type(inner).__name__
+    return f"{type(inner).__name__}: {text.split(' [SQL:')[0].split(' (Background on')[0][:300]}"
+
+
 @contextlib.contextmanager
-def storage_lock(spec: StorageSpec) -> Iterator[None]:
-    """Hold an exclusive lock shared by every process using the file storage `spec` (no-op for servers).
+def storage_lock(spec: StorageSpec, *, storage: Any = None) -> Iterator[None]:
+    """Hold an exclusive lock shared by every process using the storage `spec`.
 
     Several searches may start together on one SQLite file or journal. SQLite
     does not lock rows, so two of them could create the tables at once (the
@@ -365,10 +370,15 @@ def storage_lock(spec: StorageSpec) -> Iterator[None]:
     matters (opening, setting the study up, asking for a trial) run under this
     lock: ``<storage file>.tuner-lock``, an ``flock`` released when the holder
     exits, even by ``kill -9``. Where the lock file cannot be made (a read-only
-    folder, no ``fcntl``) the steps run unlocked.
+    folder, no ``fcntl``) the steps run unlocked. On a database server, given the
+    opened `storage`, it is the server's advisory lock (PostgreSQL
+    ``pg_advisory_lock``, MySQL ``GET_LOCK``), held by one connection and released
+    when it closes (the holder's death included); without `storage` (asking for a
+    trial, which the server's row locks already make safe) it is a no-op.
     """
     if spec.path is None:
-        yield
+        with _server_lock(spec, storage):
+            yield
         return
     try:
         import fcntl
@@ -383,6 +393,36 @@ def storage_lock(spec: StorageSpec) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+#: The key of the server lock every tuner process takes to set a study up (one per database, held for milliseconds).
+_SERVER_LOCK_KEY = 0x4C4D5354554E45  # "LMSTUNE"
+
+
+@contextlib.contextmanager
+def _server_lock(spec: StorageSpec, storage: Any) -> Iterator[None]:
+    engine = getattr(storage, "engine", None)
+    dialect = getattr(getattr(engine, "dialect", None), "name", "")
+    if engine is None or dialect not in ("postgresql", "mysql", "mariadb"):
+        yield
+        return
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        if dialect == "postgresql":
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _SERVER_LOCK_KEY})
+        else:
+            conn.execute(text("SELECT GET_LOCK(:k, 600)"), {"k": f"lms-tuner-{_SERVER_LOCK_KEY}"})
+        conn.commit()
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):  # a server gone has dropped the lock with the connection
+                if dialect == "postgresql":
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _SERVER_LOCK_KEY})
+                else:
+                    conn.execute(text("SELECT RELEASE_LOCK(:k)"), {"k": f"lms-tuner-{_SERVER_LOCK_KEY}"})
+                conn.commit()
 
 
 def _fast_sqlite(storage: Any) -> None:
