@@ -14,7 +14,7 @@ import os
 import socket
 from typing import Any
 
-__all__ = ["recover_stale_trials", "start_heartbeat", "owner", "ORPHAN_AFTER_S"]
+__all__ = ["recover_stale_trials", "start_heartbeat", "owner", "process_gone", "ORPHAN_AFTER_S"]
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,20 @@ ORPHAN_AFTER_S = 30.0
 def owner() -> dict[str, Any]:
     """Who runs a trial: this host and process (user attr ``owner``)."""
     return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def process_gone(who: Any) -> bool:
+    """Whether the process `who` (an `owner` record) is known to be gone: it ran on this host and has ended.
+
+    A process on another host cannot be checked from here: False.
+    """
+    if not isinstance(who, dict) or who.get("host") != socket.gethostname():
+        return False
+    try:
+        pid = int(who.get("pid", -1))
+    except (TypeError, ValueError):
+        return False
+    return 0 < pid != os.getpid() and not _pid_alive(pid)
 
 
 def _pid_alive(pid: int) -> bool:

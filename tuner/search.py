@@ -34,7 +34,6 @@ from lms.config import LMSConfig
 from .backends import SearchRun
 from .batch import Prediction, predict_max_batch, usable_bytes
 from .budget import format_bytes
-from .errors import BadInput
 from .graphs import derive_emulated_budget, load_graph, load_op_costs
 from .progress import Progress
 from .records import counted
@@ -42,7 +41,7 @@ from .recovery import recover_stale_trials
 from .settings import SearchSettings, study_settings_conflict
 from .space import SearchSpace
 from .storage import open_storage, storage_lock
-from .study import create_study, make_sampler, queue_warm_start
+from .study import TUNER_ATTR, claim_study, make_sampler, queue_warm_start, setup_finished, tuner_record
 
 __all__ = ["run_search", "SearchOutcome"]
 
@@ -109,17 +108,20 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
     deadline = None if settings.timeout_s is None else start + settings.timeout_s
     notes = list(settings.notes)
     backend = settings.backend
-    settings.study_dir.mkdir(parents=True, exist_ok=True)
     storage = open_storage(settings.storage, lock=True)
 
     def ask_lock() -> Any:
         return storage_lock(settings.storage)
 
-    with ask_lock():
-        main = create_study(settings.study, storage, make_sampler(settings.sampler, seed=settings.seed))
-    conflict = study_settings_conflict(main.user_attrs.get("tuner"), settings)
-    if conflict:
-        raise BadInput(conflict)
+    def setup_lock() -> Any:  # on a database server too (an advisory lock): claiming a study must be atomic
+        return storage_lock(settings.storage, storage=storage)
+
+    with setup_lock():  # the settings record, before any work: a search started with other settings is refused
+        main = claim_study(settings.study, storage, make_sampler(settings.sampler, seed=settings.seed),
+                           record=_settings_record(settings), screened=backend.measured,
+                           conflict=lambda stored: study_settings_conflict(stored, settings),
+                           display=settings.storage.display)
+    settings.study_dir.mkdir(parents=True, exist_ok=True)
     for note in settings.notes:
         log.info("note: %s", note)
     log.info("study %s: model %s, backend %s, storage %s", settings.study, settings.model, backend.name,
@@ -135,7 +137,7 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
                          f"{settings.study_dir / 'trace'})")
         budget = settings.budget_bytes
         budget_source = settings.budget_source
-        stored = main.user_attrs.get("tuner") or {}
+        stored = tuner_record(main.user_attrs) or {}
         if budget is None:
             if stored.get("budget_bytes"):
                 budget, budget_source = int(stored["budget_bytes"]), str(stored.get("budget_source", "stored"))
@@ -149,17 +151,17 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
         if not candidates:
             notes.append("the graph has no swap candidates: only the no-LMS baseline is possible")
         space = SearchSpace(n_candidates=max(1, len(candidates)))
-        attrs = {**settings.identity(), "budget_bytes": budget, "budget_source": budget_source,
-                 "space": space.to_dict(), "workload": dict(settings.workload), "storage": settings.storage.display,
-                 "schema_version": 1}
-        with ask_lock():  # searches starting together: one sets the study up, the others see it done
-            stored = main.user_attrs.get("tuner") or {}
-            if not stored:
-                main.set_user_attr("tuner", attrs)
-                main.set_user_attr("role", "main")
+        attrs = {**_settings_record(settings), "budget_bytes": budget, "budget_source": budget_source,
+                 "space": space.to_dict(), "role": "main"}
+        with setup_lock():  # searches starting together: one sets the study up, the others see it done
+            stored = tuner_record(main.user_attrs) or {}
+            if not setup_finished(stored):
+                main.set_user_attr(TUNER_ATTR, attrs)
                 log.info("new study %s: %s backend, budget %s (usable %s after a %.0f%% margin)", settings.study,
                          backend.name, format_bytes(budget), format_bytes(usable), 100 * settings.safety_margin)
             else:
+                if stored.get("selection") != attrs["selection"]:  # `best` from the storage picks as this run does
+                    main.set_user_attr(TUNER_ATTR, {**stored, "selection": attrs["selection"]})
                 log.info("resuming study %s", settings.study)
             queue_warm_start(main, space)
         recover_stale_trials(main)
@@ -209,6 +211,13 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
     return SearchOutcome(settings.study, doc, rec_path, csv_path, ran, screened, completed, stopped,
                          time.monotonic() - start, tuple(notes), stop_reason=reason, statuses=statuses,
                          running_elsewhere=running_elsewhere, no_fit=no_fit)
+
+
+def _settings_record(settings: SearchSettings) -> dict[str, Any]:
+    """The study's settings record (`tuner.study.TUNER_ATTR`) as far as it is known before tracing."""
+    return {**settings.identity(), "budget_bytes": settings.budget_bytes, "budget_source": settings.budget_source,
+            "workload": dict(settings.workload), "storage": settings.storage.display, "schema_version": 1,
+            "selection": settings.selection()}
 
 
 def _smallest_need(trials: Any, screened: Any, *, graph: Any, usable: int, settings: SearchSettings,

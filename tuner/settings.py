@@ -104,6 +104,10 @@ class SearchSettings:
                 "device": self.device, "safety_margin": self.safety_margin, "max_batch": self.max_batch,
                 "batch": self.batch}
 
+    def selection(self) -> dict[str, Any]:
+        """How the recommendation is picked (stored, so `best` computed from the storage picks the same)."""
+        return {"prefer": self.prefer, "min_throughput_ratio": self.min_throughput_ratio}
+
 
 def study_settings_conflict(stored: Mapping[str, Any] | None, settings: SearchSettings) -> str:
     """A one-line description of how `settings` differ from a study's stored settings ("" if they match)."""
