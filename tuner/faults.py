@@ -8,7 +8,8 @@ __all__ = ["FAULT_ENV", "FAULT_KINDS", "injected_fault"]
 
 #: TEST-ONLY hook. ``LMS_TUNER_FAULT="kill@3,oom@4,hang@5,raise@6,die@7,ok@*"``: in the worker of
 #: measured trial N, ``kill`` SIGKILLs itself, ``oom`` reports a (simulated) out-of-memory result,
-#: ``hang`` sleeps until the parent's --trial-timeout, ``raise`` makes the model code raise,
+#: ``hang`` sleeps until the parent's --trial-timeout (``hangonce``: only in the trial's first process, the
+#: next one is ``ok``), ``raise`` makes the model code raise,
 #: ``ok`` returns a synthetic fitting result at once without TensorFlow (so a fault study takes
 #: seconds), ``die`` SIGKILLs the *search process* (parent) while the worker runs (which then
 #: hangs, so a worker that outlived its parent would be seen), ``rofs`` fails to write its result
@@ -22,7 +23,7 @@ __all__ = ["FAULT_ENV", "FAULT_KINDS", "injected_fault"]
 #: reports them and ``infeasible`` (as a process whose history pushed every timed run over the budget), and
 #: its runs at one batch are ``fitsN``'s. Never set it outside tests.
 FAULT_ENV = "LMS_TUNER_FAULT"
-FAULT_KINDS = ("kill", "oom", "hang", "raise", "ok", "die", "rofs", "smaller")
+FAULT_KINDS = ("kill", "oom", "hang", "hangonce", "raise", "ok", "die", "rofs", "smaller")
 
 
 def injected_fault(trial: int | None, spec: str | None = None, *, confirm: int = 0) -> str | None:

@@ -46,6 +46,7 @@ TIMED_ATTEMPTS = 2
 
 class _Events:
     def __init__(self, path: str | None) -> None:
+        self.path = path
         self._fh = open(path, "a", encoding="utf-8") if path else None
 
     def emit(self, event: str, **fields: Any) -> None:
@@ -62,6 +63,9 @@ def _load_workload(request: Any) -> Any:
         return load_workload(request.workload, **dict(request.options))
     except ValueError as exc:
         raise BadInput(_first_line(exc)) from exc
+    except SystemExit as exc:  # the model's code called sys.exit() while loading: it did not load
+        raise BadInput(f"cannot load model {request.workload!r}: its code called sys.exit({exc.code!r}) "
+                       "while loading") from None
 
 
 def _describe(request: DescribeRequest) -> DescribeResult:
@@ -273,6 +277,11 @@ def _fake_fault(fault: str, request: MeasureRequest, events: _Events) -> Measure
         os.kill(os.getpid(), signal.SIGKILL)
     if fault in ("hang", "die"):  # "die": the parent kills itself; a worker that outlived it would finish
         time.sleep(3600)
+    if fault == "hangonce" and events.path is not None:  # the trial's first process hangs, the next one is "ok"
+        marker = Path(events.path).with_name("hung-once")
+        if not marker.exists():
+            marker.touch()
+            time.sleep(3600)
     if fault == "raise":
         raise RuntimeError("injected fault: the model code raised")
     if fault == "oom":

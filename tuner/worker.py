@@ -15,12 +15,14 @@ Requests and results are the typed messages of `tuner.protocol`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,25 +141,29 @@ def run_worker(request: Request, *, workdir: Path, timeout_s: float | None = Non
     watch_r, watch_w = os.pipe()
     env = dict(os.environ if env is None else env)
     env[PARENT_PIPE_ENV], env[PARENT_PID_ENV] = str(watch_r), str(os.getpid())
-    with open(log_path, "wb") as log_file:
-        try:
-            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True, pass_fds=(watch_r,))
-        except BaseException:
-            os.close(watch_w)
-            raise
-        finally:
-            os.close(watch_r)
+    # The worker leads its own session and process group (start_new_session): whatever it or the user's model
+    # code starts stays in that group, and the whole group is ended when the worker ends (`_end_group`).
+    # Its output goes through a pipe into worker.log, capped (`_copy_log`): a model printing without end
+    # must not fill the disk.
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True, pass_fds=(watch_r,))
+    except BaseException:
+        os.close(watch_w)
+        raise
+    finally:
+        os.close(watch_r)
+    copier = threading.Thread(target=_copy_log, args=(proc.stdout, log_path), name="worker-log", daemon=True)
+    copier.start()
+    try:
         if isinstance(request, MeasureRequest) and injected_fault(request.trial, confirm=request.confirm) == "die":
             _wait_for_file(events_path, 30)  # test-only: the whole search process dies mid-trial
             os.kill(os.getpid(), signal.SIGKILL)
         try:
             while True:
-                try:
-                    proc.wait(timeout=_POLL_S)
+                if _exited(proc, _POLL_S):
+                    _end_group(proc)
                     break
-                except subprocess.TimeoutExpired:
-                    pass
                 offset = _read_events(events_path, offset, events, on_event)
                 elapsed = time.monotonic() - start
                 if timeout_s is not None and elapsed > timeout_s:
@@ -172,6 +178,9 @@ def run_worker(request: Request, *, workdir: Path, timeout_s: float | None = Non
             raise
         finally:
             os.close(watch_w)
+    finally:
+        copier.join(timeout=_TERM_GRACE_S)  # the group is gone: the pipe is at its end (a process that left it
+        # with setsid may hold it longer; its output is then not waited for)
     _read_events(events_path, offset, events, on_event)
     wall = time.monotonic() - start
     rc = proc.returncode
@@ -194,20 +203,108 @@ def run_worker(request: Request, *, workdir: Path, timeout_s: float | None = Non
 
 
 def _terminate(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        return
-    try:
-        proc.wait(timeout=_TERM_GRACE_S)
-    except subprocess.TimeoutExpired:
+    """SIGTERM to the worker's group, SIGKILL after a grace period; the whole group is ended either way."""
+    if proc.returncode is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        _exited(proc, _TERM_GRACE_S)
+    _end_group(proc)
+
+
+def _exited(proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for the worker to exit, without reaping it (`_end_group` does).
+
+    While the exited worker is not reaped its process id stays taken, so its process group
+    id cannot name another group when `_end_group` signals it.
+    """
+    if proc.returncode is not None:
+        return True
+    if not hasattr(os, "waitid"):
+        try:
+            proc.wait(timeout=timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:  # reaped already
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(0.02, left))
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """SIGKILL whatever is left in the worker's process group (children of the model code), then reap the worker.
+
+    Called once the worker has exited (or to stop it): a child it forked would otherwise live
+    on, reparented to PID 1.
+    """
+    if proc.returncode is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        proc.wait()
+    proc.wait()
+
+
+#: worker.log keeps the first and the last this many bytes of a worker's output (the middle is cut, and said so).
+LOG_HEAD_BYTES = 1 << 20
+LOG_TAIL_BYTES = 1 << 20
+
+
+def _copy_log(stream: Any, path: Path) -> None:
+    """Copy the worker's output into `path`: the first `LOG_HEAD_BYTES` as they come, the last `LOG_TAIL_BYTES` at the end.
+
+    The pipe is drained to its end whatever happens to the file (a full disk, a folder turned
+    read-only): a worker must never block on its own output.
+    """
+    tail = bytearray()
+    cut = written = 0
+    try:
+        out: Any = open(path, "wb")
+    except OSError as exc:
+        log.warning("cannot write %s (%s); the worker's output is not kept", path, exc)
+        out = None
+    with stream:
+        for chunk in iter(lambda: stream.read1(1 << 16), b""):
+            if written < LOG_HEAD_BYTES:
+                head = chunk[:LOG_HEAD_BYTES - written]
+                out = _write(out, head)
+                written += len(head)
+                chunk = chunk[len(head):]
+            if chunk:
+                tail += chunk
+                if len(tail) > LOG_TAIL_BYTES:
+                    cut += len(tail) - LOG_TAIL_BYTES
+                    del tail[:len(tail) - LOG_TAIL_BYTES]
+    if cut:
+        out = _write(out, f"\n[... {cut} bytes of output cut (worker.log keeps the first {LOG_HEAD_BYTES >> 20} MiB "
+                          f"and the last {LOG_TAIL_BYTES >> 20} MiB) ...]\n".encode())
+    out = _write(out, bytes(tail))
+    if out is not None:
+        with contextlib.suppress(OSError):
+            out.close()
+
+
+def _write(out: Any, data: bytes) -> Any:
+    """Write and flush `data` to `out`; None (and nothing more is written) once writing failed."""
+    if out is None or not data:
+        return out
+    try:
+        out.write(data)
+        out.flush()
+        return out
+    except OSError:
+        with contextlib.suppress(OSError):
+            out.close()
+        return None
 
 
 def _wait_for_file(path: Path, timeout_s: float) -> None:

@@ -27,7 +27,7 @@ from ..pareto import pareto_picks
 from ..protocol import MeasureRequest
 from ..records import INFEASIBLE, TrialRecord, counted
 from ..recovery import recover_stale_trials
-from ..study import SCREEN_SUFFIX, create_study, make_sampler, queue_warm_start
+from ..study import SCREEN_SUFFIX, claim_screen_study, make_sampler, queue_warm_start
 from ..worker import WorkerOutcome, run_worker
 from .base import Backend, SearchRun
 from .simulate import predicted_record
@@ -57,11 +57,9 @@ class MeasuredBackend(Backend):
     def search(self, run: SearchRun) -> tuple[int, int]:
         s, space = run.settings, run.space
         with run.ask_lock():
-            screen = create_study(s.study + SCREEN_SUFFIX, run.storage, make_sampler(s.sampler, seed=s.seed))
-            if not screen.user_attrs.get("tuner"):
-                screen.set_user_attr("tuner", {**run.attrs, "backend": "simulate"})
-                screen.set_user_attr("role", "screen")
-                screen.set_user_attr("screen_of", s.study)
+            screen = claim_screen_study(s.study + SCREEN_SUFFIX, run.storage, make_sampler(s.sampler, seed=s.seed),
+                                        main=s.study, record={**run.attrs, "backend": "simulate"},
+                                        display=s.storage.display)
             # the n_tensors ladder takes up to half the screen; the sampler has the rest
             queue_warm_start(screen, space, ladder=s.screen_trials // 2 - len(space.warm_start_params()))
         run.screen = screen
@@ -175,6 +173,15 @@ class MeasuredBackend(Backend):
         try:
             outcome = run_worker(request, workdir=trial_dir, timeout_s=s.trial_timeout_s,
                                  env=self.worker_env(gpu=gpu), on_event=on_event, should_stop=should_stop)
+            if outcome.status == "killed" and not should_stop():
+                # a signal the tuner did not send (someone's kill, the host's out-of-memory killer) says nothing
+                # about the config yet: it runs once more in a fresh process; a second kill is the verdict
+                log.warning("  trial %d: %s; running it again in a fresh process", trial.number, outcome.reason)
+                trial.set_user_attr("killed_first", outcome.reason)
+                outcome = run_worker(request, workdir=trial_dir, timeout_s=s.trial_timeout_s,
+                                     env=self.worker_env(gpu=gpu), on_event=on_event, should_stop=should_stop)
+                if outcome.status == "killed":
+                    outcome = dataclasses.replace(outcome, reason=f"{outcome.reason}, in two processes in a row")
         except OSError as exc:  # e.g. the study folder turned read-only, the disk is full, no process can start
             return machine_error_record(config, f"{type(exc).__name__}: {exc}", backend=self, pred=pred)
         if outcome.status == "stopped":
