@@ -357,11 +357,13 @@ class LMSConfig:
         path = Path(path)
         text = _read_config_text(path)
         try:
-            doc = json.loads(text)
+            doc = json.loads(text, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
         except RecursionError:
             raise ValueError(f"{path}: not valid JSON (nested too deeply)") from None
+        except _DuplicateKey as exc:  # JSON would keep the last one silently: which one did the writer mean?
+            raise ValueError(f"{path}: key {exc.args[0]!r} is given twice") from None
         try:
             config = cls.from_document(doc)
         except ValueError as exc:
@@ -393,6 +395,19 @@ class LMSConfig:
         if "config" not in doc:
             raise ValueError("missing key 'config'")
         return cls.from_dict(doc["config"])
+
+
+class _DuplicateKey(Exception):
+    """A JSON object names a key twice (`_unique_keys`)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 #: A config file, or a recommended.json with its Pareto front, is a few kilobytes; `LMSConfig.load` reads no more.

@@ -97,6 +97,7 @@ def find_candidates(graph: Graph, config: LMSConfig) -> tuple[list[str], list[Sk
     Returns:
         (candidate tensor names, skipped tensors with reasons).
     """
+    _warn_unmatched_filters(graph, config)
     candidates: list[str] = []
     skipped: list[Skip] = []
     for op_name in graph.topological_order:
@@ -113,6 +114,32 @@ def find_candidates(graph: Graph, config: LMSConfig) -> tuple[list[str], list[Sk
             else:
                 candidates.append(t)
     return candidates, skipped
+
+
+_WARNED: set[tuple[str, str, tuple[str, ...]]] = set()
+
+
+def _warn_unmatched_filters(graph: Graph, config: LMSConfig) -> None:
+    """Warn (once per graph and filter) about scopes and op types of the config that name no op of `graph`.
+
+    A config tuned for another model names that model's scopes: with ``incl_scopes`` it would
+    swap nothing here, silently (and an ``excl_scopes`` entry would protect nothing).
+    """
+    for field in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):
+        wanted = tuple(getattr(config, field))
+        if not wanted or (graph.name, field, wanted) in _WARNED:
+            continue
+        if field.endswith("scopes"):
+            unmatched = [s for s in wanted if not any(_in_scopes(op.name, (s,)) for op in graph.ops.values())]
+        else:
+            types = {op.type for op in graph.ops.values()}
+            unmatched = [t for t in wanted if t not in types]
+        _WARNED.add((graph.name, field, wanted))
+        if unmatched:
+            effect = ("nothing is swapped" if len(unmatched) == len(wanted) and field.startswith("incl")
+                      else "they have no effect")
+            log.warning("LMS config %s %s name no op of graph %r: %s (a config made for another model?)", field,
+                        ", ".join(repr(u) for u in unmatched), graph.name, effect)
 
 
 def _rejection(graph: Graph, config: LMSConfig, tensor: str, readers: Iterable[str]) -> str:

@@ -15,10 +15,12 @@ Exit codes: 0 success; 1 failure (trials failing, interrupted, nothing fits);
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -26,9 +28,10 @@ from typing import Any, Callable, Sequence
 from .backends import BACKENDS, get_backend
 from .budget import BudgetError, format_bytes, parse_budget
 from .errors import BadInput
+from .exits import MaskSecretsFilter, StopSignals
 from .knobs import KNOB_TABLE
 from .storage import (DEFAULT_STUDIES_DIR, StorageError, StorageSpec, StudyNameError, check_reachable, mask_secrets,
-                      resolve_storage, validate_study_name)
+                      mask_url, resolve_storage, storage_failure, validate_study_name, writable_folder)
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILURE", "EXIT_BAD_INPUT"]
 
@@ -44,7 +47,17 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad argument in one line (and exits 2) instead of usage + error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise BadInput(f"{message} (see {self.prog} --help)")
+        raise BadInput(f"{_shorten(message)} (see {self.prog} --help)")
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """`text` for a message: whole when short, else its start and its length (never 5,000 digits)."""
+    return text if len(text) <= limit else f"{text[:limit - 10]}... ({len(text)} characters)"
+
+
+def _shorten(message: str) -> str:
+    """`message` with every long quoted word cut (argparse quotes the whole argument it refuses)."""
+    return re.sub(r"'([^'\s]{100,})'", lambda m: repr(_shown(m.group(1))), message)
 
 
 # ============================================================== argument types
@@ -53,7 +66,9 @@ def _budget(text: str) -> int:
     try:
         return parse_budget(text)
     except BudgetError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise argparse.ArgumentTypeError(_shorten(str(exc))) from None
+    except ValueError:  # e.g. more digits than Python converts
+        raise argparse.ArgumentTypeError(f"{_shown(text)!r} is not a memory size; use e.g. 16GiB or 512MiB") from None
 
 
 def _int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
@@ -62,10 +77,10 @@ def _int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], i
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+            raise argparse.ArgumentTypeError(f"{_shown(text)!r} is not an integer") from None
         if value < minimum or (maximum is not None and value > maximum):
-            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}" if maximum is None
-                                             else f"{value} must be between {minimum} and {maximum}")
+            raise argparse.ArgumentTypeError(f"{_shown(text)} must be >= {minimum}" if maximum is None
+                                             else f"{_shown(text)} must be between {minimum} and {maximum}")
         return value
 
     return parse
@@ -73,6 +88,9 @@ def _int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], i
 
 _positive_int = _int_at_least(1)
 _nonneg_int = _int_at_least(0)
+#: The largest --max-batch / --batch: a batch dimension TensorFlow and numpy index with 32 bits.
+MAX_BATCH = 2**31 - 1
+_batch = _int_at_least(1, MAX_BATCH)
 
 
 _MAX_SEED = 2**32 - 1  # numpy's RandomState, under Optuna's samplers, takes 0 .. 2**32 - 1
@@ -93,9 +111,16 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{_shown(text)!r} is not a number of seconds") from None
     if value < 0 or value != value:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0 seconds")
+        raise argparse.ArgumentTypeError(f"{_shown(text)!r} must be >= 0 seconds")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{_shown(text)!r} must be > 0 seconds (a trial needs a time limit)")
     return value
 
 
@@ -199,9 +224,9 @@ def _add_search(sub: Any) -> None:
                    help="stop starting trials after this long (0: no limit; default: none, "
                         + ", ".join(f"{get_backend(k).default_timeout_s:.0f} s for {k}" for k in BACKENDS
                                     if get_backend(k).default_timeout_s) + ")")
-    p.add_argument("--trial-timeout", type=_seconds, default=600.0, metavar="SECONDS",
-                   help="kill one real trial after this long; it also bounds tracing the model, once per "
-                        "study (default: %(default)s)")
+    p.add_argument("--trial-timeout", type=_positive_seconds, default=600.0, metavar="SECONDS",
+                   help="kill one real trial after this long (> 0); it also bounds loading and tracing the model, "
+                        "once per study (default: %(default)s)")
     p.add_argument("--study", type=_study_name, default=None, metavar="NAME",
                    help="study name (default: <model>-<backend>)")
     _storage_args(p)
@@ -213,9 +238,9 @@ def _add_search(sub: Any) -> None:
                    help="warm-up steps excluded from timing (default: %(default)s)")
     p.add_argument("--safety-margin", type=_margin, default=0.05, metavar="FRACTION",
                    help="fraction of the budget kept free (default: %(default)s)")
-    p.add_argument("--max-batch", type=_positive_int, default=4096, metavar="N",
-                   help="largest batch considered (default: %(default)s)")
-    p.add_argument("--batch", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--max-batch", type=_batch, default=4096, metavar="N",
+                   help=f"largest batch considered, 1 .. {MAX_BATCH} (default: %(default)s)")
+    p.add_argument("--batch", type=_batch, default=None, metavar="N",
                    help="a fixed batch: find the fastest LMS config whose peak fits the budget at batch N "
                         "(default: find the largest batch)")
     p.add_argument("--grow", type=str, default=None, metavar="OPTION",
@@ -322,7 +347,12 @@ def _default_study(model: str, backend: str) -> str:
     return validate_study_name(f"{base or 'model'}-{backend}")
 
 
-def _load_workload_desc(spec: str, options: dict[str, Any]) -> dict[str, Any]:
+#: Loading a user's model (in a worker) takes at most this long, or --trial-timeout when shorter.
+DESCRIBE_TIMEOUT_S = 120.0
+
+
+def _load_workload_desc(spec: str, options: dict[str, Any], *, timeout_s: float = DESCRIBE_TIMEOUT_S
+                        ) -> dict[str, Any]:
     from tuner.models import builtin_names, load_workload
 
     from .graphs import describe_user_workload
@@ -332,7 +362,17 @@ def _load_workload_desc(spec: str, options: dict[str, Any]) -> dict[str, Any]:
             return load_workload(spec, **options).describe()  # built-ins import no TensorFlow here
         except ValueError as exc:
             raise BadInput(str(exc)) from None
-    return describe_user_workload(spec, options)  # BadInput when it does not load
+    return describe_user_workload(spec, options, timeout_s=timeout_s)  # BadInput when it does not load
+
+
+def check_output_folder(folder: Path, *, what: str) -> None:
+    """BadInput unless `folder` is a folder this process can write, or can be made under one (nothing is made)."""
+    probe = next((p for p in (folder, *folder.absolute().parents) if p.exists()), None)
+    if probe is not None and probe.is_dir() and writable_folder(probe):
+        return
+    if probe == folder or (probe is not None and not probe.is_dir()):
+        raise BadInput(f"{what} {folder}: {probe} is not a folder")
+    raise BadInput(f"{what} {folder}: {probe} is not a writable folder")
 
 
 def build_search_settings(args: argparse.Namespace) -> Any:
@@ -361,7 +401,10 @@ def build_search_settings(args: argparse.Namespace) -> Any:
     study = args.study or _default_study(args.model, backend.name)
     storage = resolve_storage(args.storage, study, studies_dir=args.studies_dir)
     check_reachable(storage, create=True)
-    desc = _load_workload_desc(args.model, options)
+    if not args.no_report:  # the report is written at the end: a folder it cannot go to is bad input now
+        check_output_folder(args.reports_dir, what="--reports-dir")
+    describe_timeout = min(DESCRIBE_TIMEOUT_S, args.trial_timeout)
+    desc = _load_workload_desc(args.model, options, timeout_s=describe_timeout)
     if args.grow is not None:
         growable = desc.get("growable") or {}
         if args.grow not in growable:
@@ -373,7 +416,7 @@ def build_search_settings(args: argparse.Namespace) -> Any:
         size = (desc.get("options") or {}).get("image_size")
         if isinstance(size, int) and size > small:
             options["image_size"] = small
-            desc = _load_workload_desc(args.model, options)
+            desc = _load_workload_desc(args.model, options, timeout_s=describe_timeout)
             notes.append(f"{backend.name} backend on CPU: image_size {size} -> {small} so the real runs take "
                          f"minutes (give --model-option image_size={size} to keep it)")
     chosen = backend.choose_gpus(gpu=args.gpu, gpus=args.gpus or (), workers=args.workers, inventory=gpus)
@@ -395,31 +438,46 @@ def build_search_settings(args: argparse.Namespace) -> Any:
         study=study, model=args.model, model_options=options, backend=backend, budget_bytes=budget,
         budget_source=budget_source, device=device, trials=args.trials or backend.default_trials,
         screen_trials=args.screen_trials, storage=storage, studies_dir=args.studies_dir, timeout_s=timeout,
-        trial_timeout_s=args.trial_timeout or 600.0, seed=args.seed, steps=args.steps, warmup=args.warmup,
+        trial_timeout_s=args.trial_timeout, seed=args.seed, steps=args.steps, warmup=args.warmup,
         safety_margin=args.safety_margin, max_batch=args.max_batch, sampler=args.sampler, prefer=args.prefer,
         min_throughput_ratio=args.min_throughput_ratio, gpu=args.gpu, gpus=chosen.gpus, workers=chosen.workers,
         batch=args.batch, grow=args.grow, confirm=args.confirm, workload=desc, notes=tuple(notes))
-    stored = _stored_settings(storage, study)
-    from .settings import study_settings_conflict
-
-    conflict = study_settings_conflict(stored, settings)
-    if conflict:
-        raise BadInput(conflict)
+    problem = _claim_problem(settings)
+    if problem:
+        raise BadInput(problem)
     return settings
 
 
-def _stored_settings(storage: StorageSpec, study: str) -> dict[str, Any] | None:
-    """A study's stored tuner settings, without creating anything; None when it does not exist."""
-    if not storage.exists():
-        return None
-    from .storage import open_storage, study_names
+def _claim_problem(settings: Any) -> str:
+    """Why the search may not use its study (`tuner.study.claim_problem`), checked early; creates nothing.
 
-    opened = open_storage(storage, lock=True)  # another search may be creating it right now
-    if study not in study_names(opened):
-        return None
-    import optuna
+    `tuner.search.run_search` checks again under the storage's lock, where it writes the settings record.
+    """
+    if not settings.storage.exists():
+        return ""
+    from .settings import study_settings_conflict
+    from .storage import open_storage
+    from .study import claim_problem
 
-    return optuna.load_study(study_name=study, storage=opened).user_attrs.get("tuner")
+    try:  # read-only: a storage that is bad input leaves nothing behind (not even a lock file)
+        opened = open_storage(settings.storage, read_only=True)
+    except StorageError:  # a new database (a server's, or a file another search is creating now): set it up
+        if settings.storage.kind == "journal" or (
+                settings.storage.kind == "sqlite"
+                and _sqlite_header(settings.storage.path) not in (b"", b"SQLite format 3\0")):
+            raise
+        opened = open_storage(settings.storage, lock=True)
+    return claim_problem(opened, settings.study, screened=settings.backend.measured,
+                         conflict=lambda stored: study_settings_conflict(stored, settings),
+                         display=settings.storage.display)
+
+
+def _sqlite_header(path: Path | None) -> bytes:
+    try:
+        with open(path, "rb") as fh:  # type: ignore[arg-type]
+            return fh.read(16)
+    except (OSError, TypeError):
+        return b"?"
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -439,6 +497,14 @@ def cmd_search(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         _err(f"interrupted: completed trials are kept in {settings.storage.display}; run the same command "
              "again to resume")
+        return EXIT_FAILURE
+    except Exception as exc:
+        cause = storage_failure(exc)
+        if not cause:
+            raise
+        _err(mask_secrets(f"storage {settings.storage.display} failed during the search ({cause}); the trials "
+                          "recorded before it are kept there: run the same command again once it works",
+                          settings.storage.url))
         return EXIT_FAILURE
     failure = _search_failure(settings, outcome)
     if failure:
@@ -545,7 +611,7 @@ def _stopped_early(settings: Any, outcome: Any) -> str:
 # ============================================================== best / list / report
 
 def _open_existing(args: argparse.Namespace) -> tuple[StorageSpec, Any, Any]:
-    """(spec, storage, study) of an existing study, or BadInput; creates nothing."""
+    """(spec, storage, study) of an existing study, or BadInput; creates and changes nothing (read-only)."""
     import optuna
 
     from .storage import open_storage, study_names
@@ -554,7 +620,7 @@ def _open_existing(args: argparse.Namespace) -> tuple[StorageSpec, Any, Any]:
     check_reachable(spec, create=False)
     if not spec.exists():
         raise BadInput(f"study {args.study!r} does not exist (no {spec.path}); see '{PROG} list'")
-    storage = open_storage(spec)
+    storage = open_storage(spec, read_only=True)
     if args.study not in study_names(storage):
         raise BadInput(f"study {args.study!r} does not exist in {spec.display}; see '{PROG} list'")
     return spec, storage, optuna.load_study(study_name=args.study, storage=storage)
@@ -567,33 +633,48 @@ def cmd_best(args: argparse.Namespace) -> int:
     if path.is_file():
         try:
             doc = read_recommendation(path)
-        except (ValueError, KeyError) as exc:
-            _err(f"cannot read {path}: {exc}")
+            text = json.dumps(doc, indent=2, allow_nan=False) if args.json else format_recommendation(doc)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, OSError) as exc:
+            reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            _err(f"cannot read {path}: {reason.removeprefix(f'{path}: ')}; run the search again to rewrite it")
             return EXIT_FAILURE
     else:
         doc = _recommendation_from_storage(args)
         if doc is None:
             _err(f"study {args.study!r} has no feasible config yet")
             return EXIT_FAILURE
-    print(json.dumps(doc, indent=2, default=str) if args.json else format_recommendation(doc))
+        text = json.dumps(doc, indent=2, default=str) if args.json else format_recommendation(doc)
+    print(text)
     return EXIT_OK
 
 
 def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | None:
+    """What the search would write as recommended.json, from the storage: its stored settings pick the same."""
     from .backends import backend_named
     from .confirm import CONFIRMATIONS_ATTR
     from .outputs import build_recommendation, select_recommendation
     from .settings import SearchSettings
+    from .study import tuner_record
 
     spec, _, study = _open_existing(args)
-    stored = study.user_attrs.get("tuner") or {}
-    settings = SearchSettings(
-        study=args.study, model=stored.get("model", "?"), model_options=stored.get("model_options", {}),
-        backend=backend_named(stored.get("backend")) or get_backend("simulate"), budget_bytes=stored.get("budget_bytes"), budget_source="stored",
-        device=stored.get("device", ""), trials=0, screen_trials=0, storage=spec, studies_dir=args.studies_dir,
-        workload=stored.get("workload", {}))
+    stored = tuner_record(study.user_attrs) or {}
+    selection = stored.get("selection") if isinstance(stored.get("selection"), dict) else {}
+    try:
+        settings = SearchSettings(
+            study=args.study, model=str(stored.get("model", "?")), model_options=dict(stored.get("model_options") or {}),
+            backend=backend_named(stored.get("backend")) or get_backend("simulate"),
+            budget_bytes=stored.get("budget_bytes"), budget_source="stored", device=str(stored.get("device", "")),
+            trials=0, screen_trials=0, storage=spec, studies_dir=args.studies_dir,
+            workload=dict(stored.get("workload") or {}), safety_margin=float(stored.get("safety_margin", 0.05)),
+            max_batch=int(stored.get("max_batch") or 4096), batch=stored.get("batch"),
+            prefer=str(selection.get("prefer", "batch")),
+            min_throughput_ratio=float(selection.get("min_throughput_ratio", 0.8)))
+    except (TypeError, ValueError) as exc:
+        raise BadInput(f"study {args.study!r} has unreadable tuner settings ({exc})") from None
     trials = study.get_trials(deepcopy=False)
-    chosen, front = select_recommendation(trials, confirmations=study.user_attrs.get(CONFIRMATIONS_ATTR))
+    chosen, front = select_recommendation(trials, prefer=settings.prefer,
+                                          min_throughput_ratio=settings.min_throughput_ratio,
+                                          confirmations=study.user_attrs.get(CONFIRMATIONS_ATTR))
     if chosen is None:
         return None
     budget = int(stored.get("budget_bytes") or 0)
@@ -650,29 +731,34 @@ def _study_rows(args: argparse.Namespace, spec: StorageSpec) -> list[tuple[str, 
     from .records import counted
     from .storage import open_storage
 
+    from .outputs import read_recommendation
+    from .study import tuner_record
+
     rows = []
-    storage = open_storage(spec)
+    storage = open_storage(spec, read_only=True)
     for summary in optuna.study.get_all_study_summaries(storage=storage, include_best_trial=False):
-        attrs = summary.user_attrs.get("tuner") or {}
+        attrs = tuner_record(summary.user_attrs) or {}
         rec = args.studies_dir / summary.study_name / "recommended.json"
         best = ""
         if rec.is_file():
             try:
-                doc = json.loads(rec.read_text())
+                doc = read_recommendation(rec)
                 best = (f"batch {doc['batch_size']}, {doc['throughput']:.1f}/s "
                         f"({'measured' if doc.get('measured') else 'predicted'})")
-            except (ValueError, KeyError):
+            except (ValueError, OSError):  # checked by the reader: a broken file is named, not the study
                 best = "(unreadable recommended.json)"
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
         evaluated = sum(1 for t in study.get_trials(deepcopy=False) if counted(t))
-        rows.append((summary.study_name, str(evaluated), attrs.get("model", "?"),
-                     attrs.get("backend", "?"), format_bytes(attrs.get("budget_bytes")),
-                     summary.user_attrs.get("role", ""), best))
+        budget = attrs.get("budget_bytes")
+        rows.append((summary.study_name, str(evaluated), str(attrs.get("model", "?")),
+                     str(attrs.get("backend", "?")), format_bytes(budget if isinstance(budget, int) else None),
+                     str(summary.user_attrs.get("role") or attrs.get("role") or ""), best))
     return rows
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     _open_existing(args)  # the study must exist (exit 2 otherwise)
+    check_output_folder(args.reports_dir, what="--reports-dir")
     from .report import build_report
 
     path = build_report(args.study, storage=args.storage, studies_dir=args.studies_dir,
@@ -700,8 +786,16 @@ def cmd_validate_config(args: argparse.Namespace) -> int:
     from lms.config import LMSConfig
 
     path: Path = args.path
-    if not path.is_file():
-        raise BadInput(f"config file {path} does not exist" if not path.exists() else f"{path} is not a file")
+    try:
+        is_file = path.stat().st_mode  # follows links: a loop or a dangling link says so here
+    except OSError as exc:
+        if exc.errno == errno.ENOENT and not path.is_symlink():
+            raise BadInput(f"config file {path} does not exist") from None
+        what = ("is a symbolic link to a missing file" if exc.errno == errno.ENOENT
+                else "is a symbolic link loop" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})")
+        raise BadInput(f"config file {path} {what}") from None
+    if not stat.S_ISREG(is_file):
+        raise BadInput(f"{path} is not a file")
     try:
         config = LMSConfig.load(path)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -718,26 +812,46 @@ def cmd_validate_config(args: argparse.Namespace) -> int:
 # ============================================================== main
 
 def _err(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr)
+    try:
+        print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # the terminal is gone (SIGHUP) or stderr closed: nobody to tell
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit code (also used as the console script)."""
+    """Entry point; returns the exit code (also used as the console script).
+
+    Every exit path is one line on stderr with its code: 0 done, 1 failure (interrupted by
+    SIGINT/SIGTERM/SIGHUP included), 2 bad input.
+    """
+    final = argv is None
     argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
     storage_url = _find_storage(argv)
+    with StopSignals(final=final) as signals:
+        code = _run(argv, storage_url)
+        if signals.received and code == EXIT_OK:  # an interrupt swallowed on the way (a finalizer, a thread)
+            _err(f"interrupted ({signals.received})")
+            code = EXIT_FAILURE
+    return code
+
+
+def _run(argv: list[str], storage_url: str | None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
         from .progress import setup_logging
 
         setup_logging(quiet=args.quiet, verbose=args.verbose)
+        if storage_url:
+            for handler in logging.getLogger().handlers:
+                handler.addFilter(MaskSecretsFilter(storage_url))
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except (BadInput, StorageError, StudyNameError, BudgetError) as exc:
-        _err(mask_secrets(" ".join(str(exc).split()), storage_url))
+        _err(mask_secrets(_shorten(" ".join(str(exc).split())), storage_url))
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        _err("interrupted")
+    except KeyboardInterrupt as exc:
+        _err(f"interrupted ({exc.args[0]})" if exc.args and isinstance(exc.args[0], str) else "interrupted")
         return EXIT_FAILURE
     except BrokenPipeError:  # e.g. `lms-tuner best ... | head`: the reader left; not an error
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -748,8 +862,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug or an environment problem: one line, exit 1 (traceback with -v)
         if "-v" in argv or "--verbose" in argv:
             raise
-        _err(mask_secrets(f"error: {type(exc).__name__}: {' '.join(str(exc).split())} (run with -v for details)",
-                          storage_url))
+        cause = storage_failure(exc)
+        if cause:
+            shown = mask_url(storage_url) if storage_url else "the study's database"
+            _err(mask_secrets(f"storage {shown} failed ({cause})", storage_url))
+            return EXIT_FAILURE
+        if isinstance(exc, RecursionError):
+            _err("error: an input nested too deeply (RecursionError)")
+            return EXIT_FAILURE
+        _err(mask_secrets(f"error: {type(exc).__name__}: {_shorten(' '.join(str(exc).split()))} "
+                          "(run with -v for details)", storage_url))
         return EXIT_FAILURE
 
 

@@ -113,8 +113,9 @@ def describe_user_workload(spec: str, options: Mapping[str, Any], *, timeout_s: 
     """Load a user's ``module:function`` workload in a worker (their code may import TF); nothing is kept.
 
     Raises:
-        BadInput: it does not import, or does not return a Workload (the worker's one-line reason).
-        SearchError: the worker failed otherwise.
+        BadInput: it does not load, whatever the way: it raises, does not return a Workload (the
+            worker's one-line reason), exits (``sys.exit``, ``os._exit``), is killed, or does not
+            load within `timeout_s` (the worker does nothing else than load it).
     """
     with tempfile.TemporaryDirectory(prefix="tuner-describe-") as tmp:
         outcome = run_worker(DescribeRequest(workload=spec, options=dict(options)), workdir=Path(tmp),
@@ -122,5 +123,7 @@ def describe_user_workload(spec: str, options: Mapping[str, Any], *, timeout_s: 
     if outcome.status == "bad_input":
         raise BadInput(outcome.reason)
     if outcome.status != "ok" or outcome.result is None:
-        raise SearchError(f"could not load model {spec!r}: {outcome.status}: {outcome.reason}")
+        why = (f"it did not load within {timeout_s:g} s (--trial-timeout)" if outcome.status == "timeout"
+               else outcome.reason)
+        raise BadInput(f"cannot load model {spec!r}: {why}")
     return dict(outcome.result.workload)

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RECOMMENDATION_SCHEMA", "SCHEMA_VERSION", "source_label", "feasible_trials", "pareto_front",
     "select_recommendation", "baseline_trial", "throughput_peak_front", "build_recommendation", "trials_rows", "write_trials_csv", "write_outputs",
-    "read_recommendation", "format_recommendation",
+    "read_recommendation", "strict_json_loads", "format_recommendation",
 ]
 
 log = logging.getLogger(__name__)
@@ -257,14 +257,96 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
 
 
 def read_recommendation(path: Path) -> dict[str, Any]:
-    """Load a recommended.json and check its schema (ValueError otherwise)."""
-    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    """Load a recommended.json and check it: strict JSON, its schema, and the figures it states.
+
+    Strict: no ``NaN``/``Infinity``, no number too large for a float (``1e400``), no key given
+    twice, no nesting too deep. The figures `format_recommendation` prints must have their types
+    and ranges (a batch size an integer >= 1, a throughput a finite number >= 0, ...).
+
+    Raises:
+        ValueError: one line naming the file and what is wrong (`OSError` when it cannot be read).
+    """
+    path = Path(path)
+    try:
+        doc = strict_json_loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("schema") != RECOMMENDATION_SCHEMA:
         raise ValueError(f"{path}: not a tuner recommendation (schema {doc.get('schema') if isinstance(doc, dict) else None!r})")
     if doc.get("schema_version") != SCHEMA_VERSION:
         raise ValueError(f"{path}: schema_version {doc.get('schema_version')!r}; this version reads {SCHEMA_VERSION}")
-    LMSConfig.from_dict(doc["config"])
+    try:
+        LMSConfig.from_dict(doc.get("config"))  # type: ignore[arg-type]
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path}: key 'config': {exc}") from None
+    for key, check, allowed in _RECOMMENDATION_FIELDS:
+        if not check(doc.get(key)):
+            raise ValueError(f"{path}: key {key!r}={_shown(doc.get(key))}: expected {allowed}")
+    sources = doc["sources"]
+    for key in ("batch_size", "throughput", "peak_device_bytes"):
+        if not isinstance(sources.get(key), str):
+            raise ValueError(f"{path}: key 'sources.{key}'={_shown(sources.get(key))}: expected a string")
     return doc
+
+
+def strict_json_loads(text: str) -> Any:
+    """`json.loads` refusing what is not plain JSON data: NaN, infinities, duplicate keys, deep nesting (ValueError)."""
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    def number(text: str) -> float:
+        value = float(text)
+        if value in (float("inf"), float("-inf")):
+            raise ValueError(f"number {text[:20]} is too large")
+        return value
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in items:
+            if key in out:
+                raise ValueError(f"key {key!r} given twice")
+            out[key] = value
+        return out
+
+    try:
+        return json.loads(text, parse_constant=constant, parse_float=number, object_pairs_hook=pairs)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:30] + "..."
+
+
+def _count(minimum: int) -> Any:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf") and v >= 0
+
+
+#: The figures recommended.json must state, each with its check and what is allowed.
+_RECOMMENDATION_FIELDS: tuple[tuple[str, Any, str], ...] = (
+    ("study", lambda v: isinstance(v, str) and v != "", "a study name"),
+    ("model", lambda v: isinstance(v, str), "a string"),
+    ("backend", lambda v: isinstance(v, str), "a string"),
+    ("batch_size", _count(1), "an integer >= 1"),
+    ("throughput", _finite, "a finite number >= 0"),
+    ("budget_bytes", _count(0), "an integer >= 0"),
+    ("usable_bytes", lambda v: v is None or _count(0)(v), "an integer >= 0"),
+    ("peak_device_bytes", lambda v: v is None or _count(0)(v), "an integer >= 0 or null"),
+    ("sources", lambda v: isinstance(v, dict), "an object"),
+    ("measured", lambda v: v is None or isinstance(v, bool), "true or false"),
+    ("model_options", lambda v: v is None or isinstance(v, dict), "an object"),
+    ("tuned_for", lambda v: v is None or isinstance(v, dict), "an object"),
+    ("notes", lambda v: v is None or (isinstance(v, list) and all(isinstance(n, str) for n in v)), "a list of strings"),
+)
 
 
 def format_recommendation(doc: Mapping[str, Any]) -> str:

@@ -352,6 +352,10 @@ def parse_options(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
             out[key] = json.loads(raw)
         except json.JSONDecodeError:
             out[key] = raw
+        except RecursionError:
+            shown = raw if len(raw) <= 40 else raw[:30] + f"... ({len(raw)} characters)"
+            raise ValueError(f"model option {key}={shown}: nested too deeply; give a number, a string or "
+                             "a short JSON list") from None
     return out
 
 

@@ -139,7 +139,7 @@ def _load_study(study_name: str, *, storage: str | None, studies_dir: Path) -> t
     if not spec.exists():
         raise FileNotFoundError(f"no study database at {spec.path}: run `python -m tuner search --study "
                                 f"{study_name}` first, or pass --storage")
-    opened = open_storage(spec)
+    opened = open_storage(spec, read_only=True)  # a report changes nothing in the study (a read-only folder works)
     names = optuna.study.get_all_study_names(storage=opened)
     if study_name not in names:
         shown = ", ".join(repr(n) for n in names[:10]) or "none"
@@ -164,9 +164,11 @@ def _load_recommendation(path: Path) -> Recommendation | None:
     if not path.is_file():
         log.info("no %s: the report will say there is no recommendation", path)
         return None
-    try:
-        return Recommendation.from_document(json.loads(path.read_text(encoding="utf-8")))
-    except (ValueError, json.JSONDecodeError) as exc:
+    from tuner.outputs import read_recommendation
+
+    try:  # checked strictly first (no NaN, no 1e400, no deep nesting, the figures' types and ranges)
+        return Recommendation.from_document(read_recommendation(path))
+    except (ValueError, KeyError, TypeError, OSError) as exc:
         log.warning("%s is not a valid recommendation (%s); reporting without it", path, exc)
         return None
 
