@@ -661,7 +661,8 @@ def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | N
     selection = stored.get("selection") if isinstance(stored.get("selection"), dict) else {}
     try:
         settings = SearchSettings(
-            study=args.study, model=str(stored.get("model", "?")), model_options=dict(stored.get("model_options") or {}),
+            study=args.study, model=str(stored.get("model", "?")),
+            model_options=dict(stored.get("model_options") or {}),
             backend=backend_named(stored.get("backend")) or get_backend("simulate"),
             budget_bytes=stored.get("budget_bytes"), budget_source="stored", device=str(stored.get("device", "")),
             trials=0, screen_trials=0, storage=spec, studies_dir=args.studies_dir,
@@ -827,11 +828,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     final = argv is None
     argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
     storage_url = _find_storage(argv)
+    code = None
     with StopSignals(final=final) as signals:
         code = _run(argv, storage_url)
-        if signals.received and code == EXIT_OK:  # an interrupt swallowed on the way (a finalizer, a thread)
-            _err(f"interrupted ({signals.received})")
-            code = EXIT_FAILURE
+    if code is None or (signals.received and code == EXIT_OK):
+        # an interrupt outside the command's own handling, or one swallowed on the way (a finalizer, a thread)
+        _err(f"interrupted ({signals.received or 'SIGINT'})")
+        code = EXIT_FAILURE
     return code
 
 

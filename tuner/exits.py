@@ -30,12 +30,14 @@ class StopSignals:
     def __init__(self, *, final: bool) -> None:
         self.received: str = ""
         self._final = final
+        self._closing = False
         self._old: dict[int, Any] = {}
         self._old_hook = sys.unraisablehook
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.received = signal.Signals(signum).name
-        raise KeyboardInterrupt(self.received)
+        if not self._closing:
+            raise KeyboardInterrupt(self.received)
 
     def _unraisable(self, unraisable: Any) -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
@@ -51,11 +53,15 @@ class StopSignals:
         sys.unraisablehook = self._unraisable
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> bool:
+        """Restore (or, when `final`, ignore) the signals; an interrupt that came after the command's own
+        handling is swallowed here: `received` says it came (the caller says so in one line)."""
+        self._closing = True
         for sig, old in self._old.items():
             signal.signal(sig, signal.SIG_IGN if self._final else old)
         if not self._final:
             sys.unraisablehook = self._old_hook
+        return exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
 
 
 class MaskSecretsFilter(logging.Filter):

@@ -260,7 +260,8 @@ LOG_TAIL_BYTES = 1 << 20
 
 
 def _copy_log(stream: Any, path: Path) -> None:
-    """Copy the worker's output into `path`: the first `LOG_HEAD_BYTES` as they come, the last `LOG_TAIL_BYTES` at the end.
+    """Copy the worker's output into `path`: the first `LOG_HEAD_BYTES` as they come, the last `LOG_TAIL_BYTES`
+    at the end.
 
     The pipe is drained to its end whatever happens to the file (a full disk, a folder turned
     read-only): a worker must never block on its own output.

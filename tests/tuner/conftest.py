@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -115,6 +116,21 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory):
     when the tests run as root; loopback only; stopped at the end. Skipped
     (with the reason) only when the binaries are absent and ``CI`` is not set.
     """
+    with postgres_server() as server:
+        yield server.url
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL cluster (`postgres_server`): its URL, and `stop` to take it down mid-test."""
+
+    def __init__(self, url: str, stop) -> None:
+        self.url = url
+        self.stop = stop
+
+
+@contextlib.contextmanager
+def postgres_server():
+    """Start a throwaway PostgreSQL cluster (see `postgres_url`); yields a `PostgresServer`, removed at the end."""
     import shutil
     import tempfile
 
@@ -144,6 +160,11 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory):
     opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100"
     subprocess.run([*run_as, str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-o", opts, "-w",
                     "-t", "60", "start"], check=True, capture_output=True, timeout=90)
+
+    def stop() -> None:
+        subprocess.run([*run_as, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+                       capture_output=True, timeout=60)
+
     try:
         import psycopg2
 
@@ -153,10 +174,9 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory):
             cur.execute(f"CREATE ROLE tuner LOGIN PASSWORD '{PG_PASSWORD}'")
             cur.execute("CREATE DATABASE optuna OWNER tuner")
         con.close()
-        yield f"postgresql://tuner:{PG_PASSWORD}@127.0.0.1:{port}/optuna"
+        yield PostgresServer(f"postgresql://tuner:{PG_PASSWORD}@127.0.0.1:{port}/optuna", stop)
     finally:
-        subprocess.run([*run_as, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
-                       capture_output=True, timeout=60)
+        stop()
         shutil.rmtree(root, ignore_errors=True)
 
 

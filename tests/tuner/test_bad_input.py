@@ -89,7 +89,7 @@ def test_bad_config_file(name: str, tmp_path: Path) -> None:
     (["search", "--model", "mlp", "--storage", "not a url"], "is not a URL"),
     (["search", "--model", "mlp", "--study", ".hidden"], "is not allowed"),
     (["search", "--model", "mlp:"], "mlp:"),
-    (["search", "--model", "mlp", "--batch", "0"], "--batch: 0 must be >= 1"),
+    (["search", "--model", "mlp", "--batch", "0"], "--batch: 0 must be between 1 and 2147483647"),
     (["search", "--model", "mlp", "--batch", "600", "--max-batch", "512"], "--batch 600 is larger than --max-batch 512"),
     (["search", "--model", "mlp", "--grow", "input_dim"], "--grow input_dim needs --batch N"),
     (["search", "--model", "mlp", "--batch", "8", "--grow", "hidden"],

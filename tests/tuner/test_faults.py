@@ -263,18 +263,27 @@ def _wait_for_fault(tmp_path: Path, kind: str, proc: subprocess.Popen, timeout: 
     raise AssertionError(f"no worker acted out {kind!r} within {timeout} s")
 
 
-def _worker_alive(request: Path) -> bool:
-    """Is a worker process still running on `request` (its own request.json: found by exact argument)?"""
+def worker_pids(request: Path) -> list[int]:
+    """The live processes whose argument is `request` (a worker's own request.json; the search passes it
+    relative to its folder, so each argument is resolved against the process's working directory)."""
+    found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             args = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            cwd = Path(os.readlink(proc / "cwd"))
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
             continue
-        if str(request).encode() in args:
-            return True
-    return False
+        if state != "Z" and any(a.endswith(b"request.json") and cwd / os.fsdecode(a) == request for a in args):
+            found.append(int(proc.name))
+    return found
+
+
+def _worker_alive(request: Path) -> bool:
+    """Is a worker process still running on `request` (its own request.json)?"""
+    return bool(worker_pids(request))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
