@@ -30,8 +30,8 @@ from .budget import BudgetError, format_bytes, parse_budget
 from .errors import BadInput
 from .exits import MaskSecretsFilter, StopSignals
 from .knobs import KNOB_TABLE
-from .storage import (DEFAULT_STUDIES_DIR, StorageError, StorageSpec, StudyNameError, check_reachable, mask_secrets,
-                      mask_url, resolve_storage, storage_failure, validate_study_name, writable_folder)
+from .storage import (DEFAULT_STUDIES_DIR, EmptyStorage, StorageError, StorageSpec, StudyNameError, check_reachable,
+                      mask_secrets, mask_url, resolve_storage, storage_failure, validate_study_name, writable_folder)
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILURE", "EXIT_BAD_INPUT"]
 
@@ -620,7 +620,11 @@ def _open_existing(args: argparse.Namespace) -> tuple[StorageSpec, Any, Any]:
     check_reachable(spec, create=False)
     if not spec.exists():
         raise BadInput(f"study {args.study!r} does not exist (no {spec.path}); see '{PROG} list'")
-    storage = open_storage(spec, read_only=True)
+    try:
+        storage = open_storage(spec, read_only=True)
+    except EmptyStorage:
+        raise BadInput(f"study {args.study!r} does not exist in {spec.display} (it holds no studies); see "
+                       f"'{PROG} list'") from None
     if args.study not in study_names(storage):
         raise BadInput(f"study {args.study!r} does not exist in {spec.display}; see '{PROG} list'")
     return spec, storage, optuna.load_study(study_name=args.study, storage=storage)
@@ -704,6 +708,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     for spec in sources:
         try:
             found = _study_rows(args, spec)
+        except EmptyStorage:
+            continue
         except Exception as exc:  # a corrupt or foreign file: flag it, list the others
             if args.storage:
                 raise

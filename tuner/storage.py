@@ -30,7 +30,7 @@ from typing import Any, Iterator
 from .masking import mask_secrets, mask_url, sqlalchemy_url
 
 __all__ = [
-    "StorageSpec", "StorageError", "StudyNameError", "validate_study_name", "resolve_storage",
+    "StorageSpec", "StorageError", "EmptyStorage", "StudyNameError", "validate_study_name", "resolve_storage",
     "mask_url", "mask_secrets", "engine_url", "open_storage", "storage_lock", "check_reachable", "study_names",
     "storage_failure", "writable_folder", "DEFAULT_STUDIES_DIR",
 ]
@@ -53,6 +53,10 @@ _CREATE_ATTEMPTS = 5
 
 class StorageError(ValueError):
     """A storage URL that is malformed, of an unknown scheme, or unreachable."""
+
+
+class EmptyStorage(StorageError):
+    """A database opened read-only that holds no Optuna tables: no study was ever stored there."""
 
 
 class StudyNameError(ValueError):
@@ -299,7 +303,10 @@ def _open_storage(spec: StorageSpec, *, read_only: bool = False) -> Any:
             if racing and attempt + 1 < _CREATE_ATTEMPTS:
                 time.sleep(0.2 + random.random() * 0.5)
                 continue
-            raise StorageError(mask_secrets(f"cannot open storage {spec.display!r}: {exc}", spec.url)) from None
+            reason = storage_failure(exc) or str(exc)
+            if read_only and "version_info" in reason:  # Optuna's first table: there is nothing to read
+                raise EmptyStorage(f"storage {spec.display!r} holds no studies (no Optuna tables)") from None
+            raise StorageError(mask_secrets(f"cannot open storage {spec.display!r}: {reason}", spec.url)) from None
     if spec.kind == "sqlite" and not read_only:
         _fast_sqlite(storage)
     return storage

@@ -167,12 +167,12 @@ def test_01_two_first_runs_with_other_settings_do_not_merge(tmp_path: Path) -> N
 def test_02_secrets_in_query_parameters_and_one_letter_passwords(tmp_path: Path) -> None:
     for url, secret in [("postgresql://tuner:pw@127.0.0.1:1/tdb?sslmode=disable&sslpassword=KEYPASS123", "KEYPASS123"),
                         ("postgresql://tuner@127.0.0.1:1/tdb?pass%77ord=S3cr3tPW", "S3cr3tPW")]:
-        proc = run_cli(["search", *SIM, "--model", "mlp", "--study", "l", "--storage", url], cwd=tmp_path, timeout=60)
+        proc = run_cli(["search", *SIM, "--model", "mlp", "--study", "l", "--storage", url], cwd=tmp_path, timeout=120)
         line = _one_line(proc, 2)
         assert secret not in proc.stderr + proc.stdout and "is unreachable" in line, line
         assert "=***" in line, line
     # a one-letter password is masked where it stands, not in every word
-    proc = run_cli(["list", "--storage", "postgresql://u:e@127.0.0.1:1/db"], cwd=tmp_path, timeout=60)
+    proc = run_cli(["list", "--storage", "postgresql://u:e@127.0.0.1:1/db"], cwd=tmp_path, timeout=120)
     line = _one_line(proc, 2)
     assert "storage 'postgresql://u:***@127.0.0.1:1/db' is unreachable: connection to server" in line, line
     assert list(tmp_path.iterdir()) == []
@@ -184,7 +184,7 @@ def test_02_a_query_secret_leaks_nowhere_on_a_real_server(postgres_url: str, tmp
     proc = run_cli(["search", "--backend", "simulate", "--model", TINY_MODEL, "--study", "q", "--trials", "2",
                     "--budget", "160MiB", "--storage", url, "-v"], cwd=tmp_path, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    best = run_cli(["best", "--study", "q", "--storage", url, "--json"], cwd=tmp_path, timeout=60)
+    best = run_cli(["best", "--study", "q", "--storage", url, "--json"], cwd=tmp_path, timeout=120)
     assert best.returncode == 0, best.stderr
     assert json.loads(best.stdout)["storage"].endswith("?sslmode=disable&sslpassword=***")
     texts = [proc.stdout, proc.stderr, best.stdout, best.stderr]
@@ -331,7 +331,7 @@ def test_07_a_bad_max_batch_is_bad_input_and_a_study_left_unset_takes_the_next_s
     _seed(tmp_path, "mb", tiny_graph_doc)
     before = _files(tmp_path)
     huge = run_cli(["search", *SIM, "--model", TINY_MODEL, "--study", "mb", "--max-batch", "9" * 20], cwd=tmp_path,
-                   timeout=60)
+                   timeout=120)
     assert "--max-batch: 99999999999999999999 must be between 1 and 2147483647" in _one_line(huge, 2)
     assert _files(tmp_path) == before
     ok = run_cli(["search", *SIM, "--model", TINY_MODEL, "--study", "mb", "--max-batch", "512", "--trials", "2",
@@ -355,7 +355,7 @@ def test_07_a_bad_max_batch_is_bad_input_and_a_study_left_unset_takes_the_next_s
 
 def test_08_a_study_name_ending_in_a_newline_is_refused(tmp_path: Path) -> None:
     for args in (["search", *SIM, "--model", "mlp"], ["best"], ["report"]):
-        proc = run_cli([*args, "--study", "abc\n"], cwd=tmp_path, timeout=60)
+        proc = run_cli([*args, "--study", "abc\n"], cwd=tmp_path, timeout=120)
         assert "study name 'abc\\n' is not allowed" in _one_line(proc, 2)
     assert list(tmp_path.iterdir()) == []
 
@@ -399,12 +399,12 @@ def test_09_10_best_and_list_check_what_recommended_json_says(small_study: Path)
     cwd = small_study.parent.parent
     for i, (case, (edit, fragment)) in enumerate(sorted(TAMPERED.items())):
         rec.write_text(edit(good))
-        proc = run_cli(["best", "--study", "r", *(["--json"] if i % 2 else [])], cwd=cwd, timeout=60)
+        proc = run_cli(["best", "--study", "r", *(["--json"] if i % 2 else [])], cwd=cwd, timeout=120)
         line = _one_line(proc, 1)
         assert f"cannot read {Path('studies/r/recommended.json')}: " in line and fragment in line, (case, line)
         assert proc.stdout == "", case
         if case in ("array", "nan-throughput"):  # `list` blames the file, not the study's database
-            listed = run_cli(["list"], cwd=cwd, timeout=60)
+            listed = run_cli(["list"], cwd=cwd, timeout=120)
             assert listed.returncode == 0 and "UNREADABLE" not in listed.stdout + listed.stderr, listed.stdout
             assert "(unreadable recommended.json)" in listed.stdout, listed.stdout
     # the report is written without a recommendation it cannot trust
@@ -424,7 +424,7 @@ def test_09_10_best_and_list_check_what_recommended_json_says(small_study: Path)
     assert (report.returncode, err.strip()) == (1, "lms-tuner: interrupted (SIGINT)") or (
         report.returncode == 0 and out.startswith("report: ")), (report.returncode, out, err)
     # and what `best --json` prints is JSON
-    proc = run_cli(["best", "--study", "r", "--json"], cwd=cwd, timeout=60)
+    proc = run_cli(["best", "--study", "r", "--json"], cwd=cwd, timeout=120)
     assert proc.returncode == 0, proc.stderr
     from tuner.outputs import strict_json_loads
 
@@ -440,7 +440,7 @@ def test_11_best_from_the_storage_picks_as_the_search_did(tmp_path: Path, seed_g
     front = written["pareto_front"]
     assert max(p["batch_size"] for p in front) > written["batch_size"]  # the batch rule would pick another
     (tmp_path / "studies" / "p" / "recommended.json").unlink()
-    best = run_cli(["best", "--study", "p", "--json"], cwd=tmp_path, timeout=60)
+    best = run_cli(["best", "--study", "p", "--json"], cwd=tmp_path, timeout=120)
     assert best.returncode == 0, best.stderr
     computed = json.loads(best.stdout)
     assert (computed["trial"], computed["batch_size"]) == (written["trial"], written["batch_size"])
@@ -454,7 +454,7 @@ def test_12_sighup_stops_a_search_with_a_message(tmp_path: Path, seed_graph) -> 
                   tmp_path, LMS_TUNER_FAULT="hang@*")
     _wait_for(tmp_path / "studies" / "h" / "trials" / "0000" / "events.jsonl", proc)
     proc.send_signal(signal.SIGHUP)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, (proc.returncode, err)
     assert err.strip().splitlines()[-1].startswith("lms-tuner: interrupted") and "Traceback" not in err, err
     assert not _worker_alive(tmp_path / "studies" / "h" / "trials" / "0000" / "request.json")
@@ -479,7 +479,7 @@ def test_12_sigterm_during_the_final_report_says_so(tmp_path: Path, seed_graph) 
 
 def test_13_a_model_option_nested_too_deeply_is_bad_input(tmp_path: Path) -> None:
     proc = run_cli(["search", *SIM, "--model", "mlp", "--model-option", "hidden=" + "[" * 100_000], cwd=tmp_path,
-                   timeout=60)
+                   timeout=120)
     line = _one_line(proc, 2)
     assert "model option hidden=[[[[" in line and "nested too deeply" in line and len(line) < 300, line
     assert list(tmp_path.iterdir()) == []
@@ -505,10 +505,17 @@ def test_15_a_corrupt_journal_is_named(tmp_path: Path) -> None:
     (tmp_path / "bad.log").write_text("this is not a journal\nnor is this\n")  # Optuna forgives a broken last line
     before = _files(tmp_path)
     for args in (["list"], ["best", "--study", "x"], ["search", *SIM, "--model", "mlp", "--study", "x"]):
-        proc = run_cli([*args, "--storage", "journal:bad.log"], cwd=tmp_path, timeout=60)
+        proc = run_cli([*args, "--storage", "journal:bad.log"], cwd=tmp_path, timeout=120)
         line = _one_line(proc, 2)
         assert f"{tmp_path / 'bad.log'} is not an Optuna journal file (JSONDecodeError" in line, line
     assert _files(tmp_path) == before
+    # reading commands write nothing, not even Optuna's tables into an empty database
+    (tmp_path / "empty.db").touch()
+    best = run_cli(["best", "--study", "x", "--storage", "sqlite:///empty.db"], cwd=tmp_path, timeout=120)
+    assert "study 'x' does not exist in sqlite:///empty.db (it holds no studies)" in _one_line(best, 2)
+    listed = run_cli(["list", "--storage", "sqlite:///empty.db"], cwd=tmp_path, timeout=120)
+    assert listed.returncode == 0 and listed.stdout == "no studies in sqlite:///empty.db\n", listed.stderr
+    assert (tmp_path / "empty.db").stat().st_size == 0
 
 
 # ================================================================ Misleading messages
@@ -530,31 +537,31 @@ def test_16_a_database_server_stopped_mid_run_is_reported_as_such(tmp_path: Path
 
 
 def test_17_storage_messages_keep_their_words(tmp_path: Path) -> None:
-    proc = run_cli(["best", "--study", "x", "--storage", "postgresql://u:r@127.0.0.1:1/db"], cwd=tmp_path, timeout=60)
+    proc = run_cli(["best", "--study", "x", "--storage", "postgresql://u:r@127.0.0.1:1/db"], cwd=tmp_path, timeout=120)
     line = _one_line(proc, 2)
     assert "storage 'postgresql://u:***@127.0.0.1:1/db' is unreachable: connection to server" in line
     assert "***efused" not in line and "Connection refused" in line, line
 
 
 def test_18_long_values_loops_and_a_zero_trial_timeout(tmp_path: Path) -> None:
-    proc = run_cli(["search", *SIM, "--model", "mlp", "--budget", "9" * 5000], cwd=tmp_path, timeout=60)
+    proc = run_cli(["search", *SIM, "--model", "mlp", "--budget", "9" * 5000], cwd=tmp_path, timeout=120)
     line = _one_line(proc, 2)
     assert len(line) < 300 and "(5000 characters)" in line, line
-    proc = run_cli(["search", *SIM, "--model", "mlp", "--trial-timeout", "0"], cwd=tmp_path, timeout=60)
+    proc = run_cli(["search", *SIM, "--model", "mlp", "--trial-timeout", "0"], cwd=tmp_path, timeout=120)
     assert "--trial-timeout: '0' must be > 0 seconds" in _one_line(proc, 2)
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "loop.json").symlink_to("loop.json")
     (tmp_path / "dangling.json").symlink_to("missing.json")
-    proc = run_cli(["validate-config", "loop.json"], cwd=tmp_path, timeout=60)
+    proc = run_cli(["validate-config", "loop.json"], cwd=tmp_path, timeout=120)
     assert "config file loop.json is a symbolic link loop" in _one_line(proc, 2)
-    proc = run_cli(["validate-config", "dangling.json"], cwd=tmp_path, timeout=60)
+    proc = run_cli(["validate-config", "dangling.json"], cwd=tmp_path, timeout=120)
     assert "config file dangling.json is a symbolic link to a missing file" in _one_line(proc, 2)
 
 
 def test_19_duplicate_keys_and_scopes_of_another_model(tmp_path: Path, tiny_graph_doc: dict) -> None:
     (tmp_path / "c.json").write_text('{"schema": "lms.config", "schema_version": 1, '
                                      '"config": {"n_tensors": 0, "n_tensors": 7}}')
-    proc = run_cli(["validate-config", "c.json"], cwd=tmp_path, timeout=60)
+    proc = run_cli(["validate-config", "c.json"], cwd=tmp_path, timeout=120)
     assert "c.json: key 'n_tensors' is given twice" in _one_line(proc, 2)
     (tmp_path / "graph.json").write_text(json.dumps(tiny_graph_doc))
     code = ("import json, logging, sys\n"
@@ -572,12 +579,12 @@ def test_19_duplicate_keys_and_scopes_of_another_model(tmp_path: Path, tiny_grap
 
 def test_20_bad_output_folders_are_bad_input_before_any_work(tmp_path: Path) -> None:
     proc = run_cli(["search", "--backend", "simulate", "--model", "mlp", "--reports-dir", "/dev/null"], cwd=tmp_path,
-                   timeout=60)
+                   timeout=120)
     assert "--reports-dir /dev/null: /dev/null is not a folder" in _one_line(proc, 2)
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "studies" / "foo" / "study.db").mkdir(parents=True)
     before = _files(tmp_path)
-    proc = run_cli(["search", *SIM, "--model", "mlp", "--study", "foo"], cwd=tmp_path, timeout=60)
+    proc = run_cli(["search", *SIM, "--model", "mlp", "--study", "foo"], cwd=tmp_path, timeout=120)
     assert "study.db is not a file" in _one_line(proc, 2)
     assert _files(tmp_path) == before and sorted(p.name for p in (tmp_path / "studies" / "foo").iterdir()) == [
         "study.db"]
