@@ -70,8 +70,8 @@ def parse_size(value: str | int, *, what: str = "size", minimum: int = MIN_SIZE)
         raise SizeError(f"{what} {shown} is {'zero' if nbytes == 0 else 'negative'}; give a positive size "
                         "such as 16GiB")
     if nbytes < minimum:
-        raise SizeError(f"{what} {shown} is {nbytes} bytes, below {format_size(minimum)}; did you forget the unit "
-                        "(e.g. 16GiB)?")
+        floor = "1 MiB" if minimum == MIN_SIZE else format_size(minimum)
+        raise SizeError(f"{what} {shown} is {nbytes} bytes, below {floor}; did you forget the unit (e.g. 16GiB)?")
     if nbytes > MAX_SIZE:
         raise SizeError(f"{what} {shown} is more than 1 PiB; no device has that much memory (e.g. 16GiB)")
     return nbytes
