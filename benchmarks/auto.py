@@ -8,7 +8,8 @@
 2. That batch, run (MEASURED, fresh process): ``lms.function(step, config="auto",
    budget=...)``: TF's allocator peak over 3 timed steps (after 2 warm-up steps),
    samples/s, auto's own check of the second call's peak, and how long choosing
-   and rewriting took next to a plain ``tf.function`` trace of the same step.
+   and rewriting took next to a plain ``tf.function`` trace of the same step (both
+   after a first, untimed trace: Keras and TF warm up on the first one in a process).
 3. The tuner's recommendation (`--recommended`, default: the committed default
    search's ``recommended.json``), its config at its batch, in a fresh process
    right after, so both throughputs come from the same minutes of this machine.
@@ -87,21 +88,24 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     import lms
 
     _, _, _, step, data = _setup(spec["batch"])
+    specs = [tf.TensorSpec(a.shape, a.dtype) for a in data]
+    tf.function(step).get_concrete_function(*specs)  # the first trace in a process warms Keras and TF up
     start = time.perf_counter()
-    tf.function(step).get_concrete_function(*(tf.TensorSpec(a.shape, a.dtype) for a in data))
+    tf.function(step).get_concrete_function(*specs)
     plain_trace_s = time.perf_counter() - start
     if spec["config"] == "auto":
         fn = lms.function(step, config="auto", budget=BUDGET)
     else:
         fn = lms.function(step, config=lms.LMSConfig.from_dict(spec["config"]))
     start = time.perf_counter()
-    fn.get_concrete_function(*(tf.TensorSpec(a.shape, a.dtype) for a in data))
+    fn.get_concrete_function(*specs)
     lms_trace_s = time.perf_counter() - start
     m = measure_step(fn, data, warmup=2, steps=3)
     summary = fn.summary
     return {"config": summary.config.to_dict(), "batch": spec["batch"], "peak_bytes": m.peak_device_bytes,
-            "step_peaks_bytes": list(m.step_peaks_bytes), "step_time_s": m.step_time_s,
-            "samples_per_s": spec["batch"] / m.step_time_s, "plain_trace_s": plain_trace_s,
+            "step_peaks_bytes": list(m.step_peaks_bytes), "step_time_s": m.median_step_s,
+            "step_times_s": list(m.step_times_s),
+            "samples_per_s": spec["batch"] / m.median_step_s, "plain_trace_s": plain_trace_s,
             "lms_trace_s": lms_trace_s, "timings": fn.timings,
             "auto_checked_peak_bytes": getattr(fn, "auto_measured_peak_bytes", None),
             "auto": summary.auto.to_dict() if summary.auto is not None else None}
