@@ -519,10 +519,37 @@ def cmd_search(args: argparse.Namespace) -> int:
               f"({outcome.completed} trials; {outcome.ran} run now"
               + (f", {outcome.screened} simulated for screening" if outcome.screened else "")
               + f"; {outcome.wall_s:.0f} s)")
-        if outcome.stopped_early:
+        if outcome.stopped_early and not outcome.unconfirmed:
             print(_stopped_early(settings, outcome))
     _report_after_search(args, settings.study, settings.studies_dir)
+    if outcome.unconfirmed:  # a time limit never turns into another answer: say so last, and fail
+        then = (f"Finish it with: {_finish_command(args)}" if outcome.cut_short else
+                f"See its fresh processes with: {PROG} best --study {settings.study}")
+        print(f"WARNING: the recommendation is NOT CONFIRMED: {outcome.unconfirmed}; {outcome.recommended_path} "
+              f"says so (\"confirmed\": false) and may name another config than a finished confirmation would. "
+              + then, file=sys.stderr)
+        return EXIT_FAILURE
     return EXIT_OK
+
+
+def _finish_command(args: argparse.Namespace) -> str:
+    """The search's own command line with ``--timeout 0`` (it resumes from the stored trials and processes)."""
+    import shlex
+
+    argv = list(getattr(args, "argv", None) or ["search"])
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--timeout":
+            skip = True
+            continue
+        if not a.startswith("--timeout="):
+            out.append(a)
+    prog = "python -m tuner" if sys.argv and sys.argv[0].endswith("__main__.py") else PROG
+    return f"{prog} {shlex.join(out + ['--timeout', '0'])}"
 
 
 def _more_trials(outcome: Any, settings: Any) -> str:
@@ -848,6 +875,7 @@ def _run(argv: list[str], storage_url: str | None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        args.argv = list(argv)  # the command as typed (a search cut short names the command that finishes it)
         from .progress import setup_logging
 
         setup_logging(quiet=args.quiet, verbose=args.verbose)

@@ -203,6 +203,7 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[Any, Any], Tria
                         _log_record(trial.number, record, f"[{done + 1}/{n_trials}]", space)
             except Interrupted:
                 _requeue(study, trial, "stopped at the search's time limit during this trial; queued again")
+                why("stop" if stop is not None and stop.is_set() else "time limit")
                 break
             except (KeyboardInterrupt, SystemExit):
                 _requeue(study, trial, "interrupted; queued again")
