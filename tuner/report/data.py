@@ -15,6 +15,7 @@ failure), ``reason``, ``config`` (an `LMSConfig` dict) and ``constraint``
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -29,7 +30,7 @@ from .provenance import Recommendation, environment_rows, measurement_note
 __all__ = [
     "KNOB_COLUMNS", "FAILURE_STATUSES", "Recommendation", "ParetoFront", "KnobEffect",
     "trials_frame", "pareto_mask", "pareto_front", "recommended_trial", "baseline_trial",
-    "knob_effect", "knob_label", "measurement_note", "environment_rows", "trial_table", "prediction_check",
+    "knob_effect", "knob_effects", "knob_label", "measurement_note", "environment_rows", "trial_table", "prediction_check",
     "ReportData", "report_data",
 ]
 
@@ -46,7 +47,8 @@ _RECORD_COLUMNS = ("batch_size", "throughput", "peak_device_bytes", "peak_source
 
 # ---- trials ----------------------------------------------------------------------------------
 
-def trials_frame(trials: Iterable[Any], *, table: KnobTable = KNOB_TABLE) -> pd.DataFrame:
+def trials_frame(trials: Iterable[Any], *, table: KnobTable = KNOB_TABLE,
+                 confirmations: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """One row per Optuna trial (``FrozenTrial``), in trial-number order.
 
     Columns: ``number``, ``state`` (Optuna's, lower case), the record fields,
@@ -54,9 +56,19 @@ def trials_frame(trials: Iterable[Any], *, table: KnobTable = KNOB_TABLE) -> pd.
     params), ``params`` (the searched values, a dict), ``constraint`` (max of the
     constraint values, NaN if none), ``feasible`` (finished, status ``ok`` and no
     constraint above 0), ``lms`` (the config swaps something), ``peak_bytes``
-    (measured or simulated peak, else the predicted one) and
-    ``peak_is_predicted``.
+    (measured or simulated peak, else the predicted one), ``peak_is_predicted``,
+    ``duplicate`` (a repeat of an evaluated config: not counted), ``confirmed``
+    and ``processes`` (see below).
+
+    `confirmations` (the study's user attr ``"confirmations"``, `tuner.bracket`):
+    a trial measured in fresh processes shows the figures the recommendation
+    uses (`tuner.bracket.confirmed_figures`: the bracket's batch, its fastest
+    process's throughput, the highest peak there), so every table and plot
+    agrees with ``recommended.json`` and ``tuner best``; ``confirmed`` marks
+    them and ``processes`` counts their fresh processes.
     """
+    from ..bracket import confirmed_figures
+
     rows: list[dict[str, Any]] = []
     for t in trials:
         attrs = dict(t.user_attrs)
@@ -64,6 +76,12 @@ def trials_frame(trials: Iterable[Any], *, table: KnobTable = KNOB_TABLE) -> pd.
         row: dict[str, Any] = {"number": int(t.number), "state": state}
         for key in _RECORD_COLUMNS:
             row[key] = attrs.get(key)
+        figures = confirmed_figures(t, confirmations) if confirmations and attrs.get("status") == "ok" else None
+        row["confirmed"] = figures is not None
+        row["processes"] = figures["processes"] if figures is not None else None
+        row["duplicate"] = "duplicate_of" in attrs
+        if figures is not None:
+            row.update({k: figures[k] for k in ("batch_size", "throughput", "peak_device_bytes")})
         if row["status"] is None:
             row["status"] = {"complete": "ok", "fail": "error", "pruned": "infeasible"}.get(state, state)
         config = attrs.get("config") if isinstance(attrs.get("config"), Mapping) else {}
@@ -74,12 +92,15 @@ def trials_frame(trials: Iterable[Any], *, table: KnobTable = KNOB_TABLE) -> pd.
         row["params"] = params
         row["constraint"] = _constraint(t, attrs)
         rows.append(row)
-    columns = ["number", "state", *_RECORD_COLUMNS, *table.columns, "config", "params", "constraint"]
+    columns = ["number", "state", *_RECORD_COLUMNS, "confirmed", "processes", "duplicate", *table.columns, "config",
+               "params", "constraint"]
     df = pd.DataFrame(rows, columns=columns)
     for col in ("batch_size", "throughput", "peak_device_bytes", "predicted_peak_bytes",
                 "predicted_throughput", "predicted_batch", "step_time_median_s", "constraint"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     df["measured"] = df["measured"].map(lambda v: bool(v) if v is not None and v == v else False)
+    for col in ("confirmed", "duplicate"):
+        df[col] = df[col].map(lambda v: bool(v) if v is not None and v == v else False)
     df["reason"] = df["reason"].fillna("").astype(str)
     df["status"] = df["status"].astype(str)
     df["feasible"] = ((df["state"] == "complete") & (df["status"] == "ok")
@@ -227,8 +248,8 @@ def pareto_front(df: pd.DataFrame, *, x: str, maximize_x: bool, x_label: str = "
     }).reset_index(drop=True)
     front = points[points["kind"] == "front"].sort_values(["x", "y"], kind="stable").reset_index(drop=True)
     context = _empty_points()
-    if screen is not None and not screen.empty:
-        ok = screen[screen["feasible"] & screen[x].notna() & screen[y].notna()]
+    if screen is not None and not screen.empty:  # repeats of an evaluated config are not drawn twice
+        ok = screen[screen["feasible"] & ~screen["duplicate"] & screen[x].notna() & screen[y].notna()]
         context = pd.DataFrame({"number": ok["number"].astype(int), "x": ok[x].astype(float),
                                 "y": ok[y].astype(float)}).reset_index(drop=True)
     return ParetoFront(x=x, y=y, x_label=x_label or _AXIS_LABELS.get(x, x), y_label=y_label, maximize_x=maximize_x,
@@ -276,6 +297,7 @@ class KnobEffect:
     summary: pd.DataFrame
     points: pd.DataFrame
     n_failed: int
+    predicted: bool = False  # over the screening study's trials (PREDICTED), not the measured ones
 
 
 def knob_effect(df: pd.DataFrame, knob: str, *, lms_only: bool = False) -> KnobEffect:
@@ -320,6 +342,41 @@ def _hashable(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(value)
     return value
+
+
+def knob_effects(df: pd.DataFrame, *, screen: pd.DataFrame | None = None, table: KnobTable = KNOB_TABLE,
+                 most: int = 3) -> tuple[KnobEffect, ...]:
+    """The knobs worth a panel: ``n_tensors`` and the others that took two or more values in feasible trials.
+
+    Over the measured trials when three or more fitted, else over the screening
+    study's (PREDICTED; ``KnobEffect.predicted``): a search of a few measured
+    configs varies almost nothing. Knobs other than ``n_tensors`` count only
+    trials that swap. A knob seen at one value has no panel (it shows nothing),
+    at most `most` panels, those with the most values first.
+    """
+    source, predicted = df, False
+    if int(df["feasible"].sum()) < 3 and screen is not None and int(screen["feasible"].sum()) >= 3:
+        source, predicted = screen[~screen["duplicate"]], True
+    effects = [knob_effect(source, "n_tensors")]
+    others = []
+    for knob in table.columns:
+        if knob == "n_tensors" or knob not in source:
+            continue
+        effect = knob_effect(source, knob, lms_only=True)
+        if len(effect.summary) >= 2:
+            others.append(effect)
+    others.sort(key=lambda e: -len(e.summary))
+    out = tuple(effects + others[:max(0, most - 1)])
+    return tuple(dataclasses.replace(e, predicted=predicted) for e in out)
+
+
+def _document_baseline(df: pd.DataFrame, recommendation: "Recommendation | None") -> int | None:
+    """The baseline ``recommended.json`` compares with (its ``baseline.trial``), else `baseline_trial`."""
+    doc = recommendation.document if recommendation is not None else {}
+    number = (doc.get("baseline") or {}).get("trial") if isinstance(doc.get("baseline"), Mapping) else None
+    if isinstance(number, int) and not isinstance(number, bool) and number in set(df["number"]):
+        return number
+    return baseline_trial(df)
 
 
 # ---- the simulator against the measurements --------------------------------------------------------
@@ -434,10 +491,11 @@ def report_data(study_name: str, trials: Iterable[Any], *, study_attrs: Mapping[
     `screen_trials`: trials of the simulated screening study (``screen_name``)
     of a measured search, shown for context next to the measured ones.
     """
-    df = trials_frame(trials, table=table)
+    confirmations = study_attrs.get("confirmations") if isinstance(study_attrs.get("confirmations"), Mapping) else None
+    df = trials_frame(trials, table=table, confirmations=confirmations)
     screen = trials_frame(screen_trials, table=table) if screen_trials is not None else None
     rec_number = recommended_trial(df, recommendation)
-    base_number = baseline_trial(df)
+    base_number = _document_baseline(df, recommendation)
     budget = recommendation.budget_bytes if recommendation is not None else None
     if budget is None:  # the study's own (the search keeps it under "tuner")
         tuner_attrs = study_attrs.get("tuner") if isinstance(study_attrs.get("tuner"), Mapping) else {}
@@ -451,7 +509,7 @@ def report_data(study_name: str, trials: Iterable[Any], *, study_attrs: Mapping[
         pareto_front(df, x="peak_bytes", maximize_x=False, baseline=base_number, recommended=rec_number,
                      screen=screen),
     )
-    knobs = (knob_effect(df, "n_tensors"), knob_effect(df, "lb", lms_only=True))
+    knobs = knob_effects(df, screen=screen, table=table)
     env = environment_rows(study_attrs=study_attrs, recommendation=recommendation, df=df,
                            study_name=study_name)
     device = dict(env).get("device", "")

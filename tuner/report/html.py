@@ -175,16 +175,19 @@ def _recommendation(data: ReportData) -> str:
                 "<code>recommended.json</code> yet.</p>"
                 + (f"<ul>{lines}</ul>" if lines else "")
                 + (f"<p>Most common reasons:</p><ul>{why}</ul>" if why else "") + "</section>")
-    base = data.row(data.baseline_trial)
+    base = _baseline_figures(data)
     figures = []
     batch_vs = ""
     tput_vs = ""
     if base is not None and _num(base.get("batch_size")):
-        ratio = rec.batch_size / float(base["batch_size"])
+        # the ratios recommended.json and `tuner best` print (gain_vs_baseline), else computed the same way
+        gain = rec.document.get("gain_vs_baseline") or {}
+        ratio = _num(gain.get("batch_size_ratio")) or rec.batch_size / float(base["batch_size"])
         batch_vs = f"{ratio:.2f}× the no-LMS maximum of {fmt_int(base['batch_size'])}"
         if rec.throughput is not None and _num(base.get("throughput")):
-            change = rec.throughput / float(base["throughput"]) - 1.0
-            tput_vs = f"{_pct(change)} vs no LMS at batch {fmt_int(base['batch_size'])}"
+            t_ratio = _num(gain.get("throughput_ratio")) or rec.throughput / float(base["throughput"])
+            tput_vs = (f"{t_ratio:.2f}× no LMS ({fmt_rate(base['throughput'])} samples/s at batch "
+                       f"{fmt_int(base['batch_size'])})")
     elif base is None:
         batch_vs = "no no-LMS baseline trial in this study"
     figures.append(("batch size", fmt_int(rec.batch_size), batch_vs))
@@ -201,6 +204,9 @@ def _recommendation(data: ReportData) -> str:
     kind = rec.source or ("measured" if rec.measured else "predicted (simulator)")
     trial = f"trial #{data.recommended_trial}" if data.recommended_trial is not None else "trial not found in the study"
     warnings = []
+    if rec.document.get("unconfirmed"):
+        warnings.append(f"NOT CONFIRMED: {rec.document['unconfirmed']}. The finished search may recommend another "
+                        "config; run the search again to finish it.")
     if not rec.measured:
         warnings.append("These figures are predictions: confirm with a measured run before relying on the batch size.")
     if rec.headroom_fraction is not None and rec.headroom_fraction < 0.02:
@@ -221,10 +227,47 @@ def _recommendation(data: ReportData) -> str:
     return (f'<section id="recommendation" class="box"><h2>Recommendation</h2>'
             f'<p class="kind">{_e(trial)} · backend {_e(rec.backend or "–")} · <strong>{_e(kind)}</strong> · '
             f"knobs: <code>{_e(_config_knobs(rec.config, data.knob_table))}</code></p>"
-            f'<div class="figs">{cells}</div>{warn}{about_html}'
+            f'<div class="figs">{cells}</div>{warn}{about_html}{_processes(rec)}'
             f"<p>Load and use it in a training script:</p><pre><code>{_e(code)}</code></pre>"
             f"<details><summary>Full configuration</summary><pre><code>{_e(config_json)}</code></pre></details>"
             "</section>")
+
+
+def _baseline_figures(data: ReportData) -> Mapping[str, Any] | None:
+    """The no-LMS baseline as recommended.json states it (its confirmed figures), else its trial's row."""
+    doc = data.recommendation.document if data.recommendation is not None else {}
+    if isinstance(doc.get("baseline"), Mapping) and _num(doc["baseline"].get("batch_size")):
+        return doc["baseline"]
+    return data.row(data.baseline_trial)
+
+
+def _processes(rec: Any) -> str:
+    """The fresh processes behind the recommended batch (and the baseline's), one row each."""
+    conf = rec.document.get("confirmation") or {}
+    runs = conf.get("runs") or []
+    if not runs:
+        return ""
+    verdicts = {"ok": "fits", "infeasible": "does not fit", "oom": "out of memory"}
+    rows = [[fmt_int(r.get("process")), fmt_int(r.get("batch")),
+             _e(verdicts.get(r.get("status"), f"no verdict ({r.get('status')})")),
+             fmt_bytes(r.get("peak_device_bytes")),
+             fmt_rate(r.get("throughput")) if r.get("status") == "ok" else "–",
+             fmt_int(r.get("timed_steps")) if r.get("timed_steps") else "–", fmt_num(r.get("wall_s"))]
+            for r in runs]
+    classes = ["rec" if r.get("status") == "ok" and r.get("batch") == conf.get("batch_size") else "" for r in runs]
+    table = _table(["process", "batch", "verdict", "peak", "samples/s", "timed steps", "wall (s)"], rows,
+                   row_classes=classes, numeric=(0, 1, 3, 4, 5, 6), cls="processes")
+    base = ((rec.document.get("baseline") or {}).get("confirmation") or {})
+    base_line = ""
+    if base.get("tried"):
+        base_line = (f'<p class="note">No-LMS baseline: batch {fmt_int(base.get("batch_size"))} fitted in '
+                     f'{fmt_int(base.get("fits"))} fresh processes (one batch per process: '
+                     + _e(", ".join(f"{b} {v}" for b, v in base["tried"])) + ").</p>")
+    start = f", the first at the simulator's batch {fmt_int(conf['start'])}" if conf.get("start") else ""
+    return (f'<details id="processes" open><summary>Fresh processes: batch {fmt_int(conf.get("batch_size"))} fitted '
+            f'in {fmt_int(conf.get("fits"))} of {fmt_int(conf.get("processes"))}{_e(start)} (one batch per process, '
+            "from its first step; the figures above are the fastest process at that batch and the highest peak "
+            f"there)</summary>{table}{base_line}</details>")
 
 
 def _front_table(data: ReportData) -> str:
@@ -332,7 +375,10 @@ def _op_order(data: ReportData) -> str:
                    cls="schedule")
     about = (f"Candidates scored by lms.schedule at batch {sched.scoring_batch}: the PREDICTED peak of the order "
              "TF's executor runs with each candidate's pins, under the scheduler's liveness model (no "
-             "temporaries; the timeline above adds them), lowest first.")
+             "temporaries; the timeline above adds them), lowest first. That batch is the smallest at which the "
+             "per-sample tensors outweigh the fixed ones (weights, optimizer slots) several times, where the "
+             "order matters (at the traced batch every order peaks alike); the order chosen there is the one "
+             "pinned at every batch, so the peaks here are not those of the recommended batch.")
     return (f'<div id="schedule"><h3>Op order: scheduler {_e(sched.chosen)}, pinned</h3>'
             f'{table}<p class="note">{_e(about)}</p></div>{no_recompute}')
 
@@ -401,13 +447,17 @@ def _knobs(data: ReportData, images: Mapping[str, Image]) -> str:
             continue
         rows = [[_e(r.label), fmt_int(r.n_trials), fmt_num(r.batch_median), fmt_rate(r.throughput_median),
                  fmt_rate(r.throughput_max), fmt_bytes(r.peak_median)] for r in s.itertuples()]
-        scope = " (trials that swap)" if effect.knob != "n_tensors" else ""
+        scope = (" (trials that swap)" if effect.knob != "n_tensors" else "") + (", PREDICTED" if effect.predicted
+                                                                                  else "")
         parts.append(f"<div><h3>{_e(effect.knob)}{scope}</h3>" + _table(
             [_e(effect.knob), "trials", "median batch", "median samples/s", "best samples/s", "median peak"],
             rows, numeric=(1, 2, 3, 4, 5), cls="knob") + "</div>")
-    caption = ("Each dot is a feasible trial (spread sideways a little so equal values stay visible); the "
-               "bar is the median per knob value. n_tensors: how many candidate tensors are swapped "
-               "(all = every candidate); lb: how many levels before its consumer a swap-in starts.")
+    predicted = any(e.predicted for e in data.knobs)
+    caption = ("Each dot is a " + ("feasible trial of the simulated screening study (PREDICTED figures: too few "
+                                   "configs were measured to show the knobs)" if predicted else "feasible trial")
+               + " (spread sideways a little so equal values stay visible); the bar is the median per knob value. "
+               "n_tensors: how many candidate tensors are swapped (all = every candidate); the other panels: the "
+               "knobs that took more than one value (" + ", ".join(e.knob for e in data.knobs[1:]) + ").")
     return ('<section id="knobs"><h2>How the knobs matter</h2>'
             f'{_img(images.get("knobs"), caption=_e(caption))}<div class="pair">{"".join(parts)}</div></section>')
 
