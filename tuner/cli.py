@@ -190,11 +190,16 @@ def _search_description() -> str:
         "for the largest batch and the highest throughput that fit a memory budget. Running it again with\n"
         "the same --study resumes (completed trials are not redone).\n\n"
         "Backends: " + ";\n".join(f"{name} = {get_backend(name).help}" for name in reversed(BACKENDS)) + ".\n\n"
-        f"Defaults without a GPU (backend emulated): {emulated.default_trials} measured trials after "
-        f"{DEFAULT_SCREEN_TRIALS} simulated ones, a {emulated.default_timeout_s:.0f} s\n"
-        f"time limit, image_size reduced to {emulated.max_image_size} for models that have one, and a budget =\n"
-        "the simulator's no-LMS peak at batch 32 with TF's BFC allocator replayed (so the no-LMS\n"
-        "baseline fits about that batch and the result shows how far LMS goes beyond it).")
+        f"Defaults without a GPU (backend emulated): {DEFAULT_SCREEN_TRIALS} simulated trials, then "
+        f"{emulated.default_trials} measured ones (the no-LMS\n"
+        "baseline and the screen's pick), each a bracket of fresh processes that run one batch each, then\n"
+        f"both repeated side by side (--confirm), within a {emulated.default_timeout_s:.0f} s time limit (the "
+        "search exits 1\n"
+        "with a WARNING when the limit cuts it short); image_size reduced to "
+        f"{emulated.max_image_size} for models that have one; a\n"
+        "budget = the simulator's "
+        "no-LMS peak at batch 32 with TF's BFC allocator replayed (so the no-LMS baseline\n"
+        "fits about that batch and the result shows how far LMS goes beyond it).")
 
 
 def _add_search(sub: Any) -> None:
@@ -266,11 +271,12 @@ def _add_search(sub: Any) -> None:
                    help="trial workers in parallel: gpu backend: one on each of GPUs 0..N-1 (same as --gpus); "
                         "emulated: N on the CPU, whose timings then interfere (default: %(default)s)")
     p.add_argument("--confirm", type=_int_at_least(0, 10), default=2, metavar="N",
-                   help="gpu/emulated, largest-batch searches: measure the largest batch found, the no-LMS "
-                        "baseline and the recommended config again with one batch per fresh process (as a "
-                        "training run starts), bracketing the largest batch that fits from the trial's, until it "
-                        "fitted in N processes, and recommend from those figures (a batch's peak depends on the "
-                        "batches run before it in a process); 0: off (default: %(default)s)")
+                   help="gpu/emulated, largest-batch searches: measure each trial with one batch per fresh "
+                        "process (as a training run starts; a batch's peak depends on the batches run before it "
+                        "in a process), bracketing its largest batch from the simulator's, then run the "
+                        "recommended config and the no-LMS baseline again, in turn, until each batch fitted in "
+                        "N processes; recommended.json says whether that finished (\"confirmed\"). 0: a trial "
+                        "searches in one process instead, nothing is confirmed (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print recommended.json to stdout instead of a summary")
     p.add_argument("--reports-dir", type=Path, default=Path("reports"), metavar="DIR",
                    help="where the HTML report is written at the end (default: reports/<study>/)")
