@@ -229,7 +229,7 @@ def _side_by_side(run: "SearchRun", backend: "Backend", trials: list[Any], *, gp
                 notes.append(f"trial {number} was measured in {len(runs)} fresh processes, its bracket not yet "
                              "closed: the time limit (--timeout) was reached")
                 return False
-            runs.append(got[0])
+            runs.append({**got[0], "side_by_side": True})
             _store(run, number, {**base_entry, "runs": runs, "closed": False})
     return True
 

@@ -239,7 +239,8 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
     base_confirmed = confirmed_figures(base, confirmations) if base is not None else None
     if measured and settings.batch is None and settings.backend.measured:
         why = _unconfirmed(settings, confirmed, base_confirmed,
-                           cut_short=cut_short, has_baseline=base is not None and base.user_attrs.get("status") == "ok")
+                           cut_short=cut_short,
+                           has_baseline=base is not None and base.user_attrs.get("status") == "ok")
         doc["confirmed"] = not why
         if why:
             doc["unconfirmed"] = why

@@ -1,4 +1,4 @@
-"""Progress on stderr: one bar across the whole search (phase, what runs now, time left), and log lines that do not break it."""
+"""Progress on stderr: one bar across the whole search (phase, what runs now, time left), and log lines below it."""
 
 from __future__ import annotations
 

@@ -310,3 +310,28 @@ def test_a_trial_stopped_mid_bracket_goes_on_from_its_processes(tmp_path: Path, 
     assert runs[0] == stopped["runs"][0] and [r["process"] for r in runs] == list(range(1, len(runs) + 1))
     assert not (tmp_path / "studies" / STUDY / "trials" / f"{retry.number:04d}" / "process-1").exists()
     assert doc["confirmed"] is True and doc["trial"] == retry.number, doc.get("unconfirmed")
+
+
+def test_the_throughput_compared_is_the_side_by_side_processes_when_there_are_any() -> None:
+    """A bracket's processes ran minutes before the repeats, under another load: the repeats (run in turn with
+    the configs the rule compares) give the throughput, even when a bracket process was faster."""
+    trial = SimpleNamespace(number=3, user_attrs={"status": "ok", "batch_size": 180})
+    runs = [{"process": 1, "batch": 180, "status": "ok", "throughput": 85.0, "peak_device_bytes": 5},
+            {"process": 2, "batch": 181, "status": "infeasible", "peak_device_bytes": 9},
+            {"process": 3, "batch": 180, "status": "ok", "throughput": 70.0, "peak_device_bytes": 5,
+             "side_by_side": True}]
+    got = confirmed_figures(trial, {"3": {"method": METHOD, "runs": runs, "fresh_trial": True, "closed": True}})
+    assert (got["throughput"], got["process"], got["fits"], got["trial_batch"]) == (70.0, 3, 2, None)
+    got = confirmed_figures(trial, {"3": {"method": METHOD, "runs": runs[:2], "fresh_trial": True}})
+    assert (got["throughput"], got["process"]) == (85.0, 1)  # no repeat yet: the bracket's
+
+
+def test_the_baseline_runs_its_fresh_processes_while_the_screen_simulates(tmp_path: Path, seed_graph) -> None:
+    seed_graph(tmp_path / "studies", STUDY)
+    doc = _search(tmp_path, "--screen-trials", "8", fault="fits120@*,fits30@0", trials="2")
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'studies' / STUDY / 'study.db'}")
+    screen = optuna.load_study(study_name=STUDY + ".simulated",
+                               storage=f"sqlite:///{tmp_path / 'studies' / STUDY / 'study.db'}")
+    base = next(t for t in study.get_trials() if t.user_attrs.get("warm_start"))
+    assert base.datetime_start < max(t.datetime_complete for t in screen.get_trials() if t.datetime_complete)
+    assert doc["baseline"]["batch_size"] == 30 and doc["confirmed"] is True

@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import sys
 import threading
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from ..budget import format_bytes
 from ..loop import Interrupted, optimize
 from ..oom import HOST_OOM
 from ..pareto import pareto_picks
+from ..progress import Progress
 from ..protocol import MeasureRequest
 from ..records import INFEASIBLE, TrialRecord, counted
 from ..recovery import recover_stale_trials
@@ -85,15 +87,27 @@ class MeasuredBackend(Backend):
         fresh = fresh_process_trials(s)
         run.progress.plan(screen=s.screen_trials - done_screen, trials=s.trials - done_main,
                           repeats=2 * s.confirm if fresh else 0, fresh=fresh)
-        screened = optimize(screen, space, run.evaluate_predicted, n_trials=s.screen_trials, deadline=run.deadline,
-                            progress=run.progress, desc="screen (simulated)", seed=seed, ask_lock=run.ask_lock)
+        # the baseline needs no screen: its fresh processes run while the screen simulates (memory verdicts do
+        # not depend on the load, and its throughput is taken again, alone, in the confirmation)
+        beside = self._baseline_beside(run) if fresh and done_main == 0 else None
+        try:
+            screened = optimize(screen, space, run.evaluate_predicted, n_trials=s.screen_trials,
+                                deadline=run.deadline, progress=run.progress, desc="screen (simulated)", seed=seed,
+                                ask_lock=run.ask_lock)
+        finally:
+            failed = sys.exc_info()[0] is not None
+            if beside is not None and not failed:
+                run.progress.phase("measuring", total=s.trials, initial=done_main)
+            ran = beside.join(stop=failed) if beside is not None else 0
         self._queue_picks(run, screen, s.trials)
-        ran = self._measure_all(run)
+        ran += self._measure_all(run)
         extra = 0
         while True:
             run.progress.phase("confirming")
-            run.notes.extend(confirm_recommendation(run, self, gpu=self.slots(s)[0]))
-            if not fresh or extra >= EXTRA_TRIALS or not self._rule_rejects_lms(run):
+            cut = confirm_recommendation(run, self, gpu=self.slots(s)[0])
+            run.notes.extend(cut)
+            if (not fresh or cut or extra >= EXTRA_TRIALS or run.stopped.get("reason") == "time limit"
+                    or not self._rule_rejects_lms(run)):
                 break
             extra += 1  # every LMS config measured fell under the throughput rule: measure the screen's next pick
             done = sum(1 for t in run.main.get_trials(deepcopy=False) if counted(t))
@@ -103,6 +117,20 @@ class MeasuredBackend(Backend):
             run.progress.plan(trials=1, repeats=2 * s.confirm, fresh=True)
             ran += self._measure_all(run, trials=done + 1)
         return ran, screened
+
+    def _baseline_beside(self, run: SearchRun) -> "_Beside":
+        """Measure the queued no-LMS baseline (the main study's first trial) in a thread, beside the screen."""
+        stop = threading.Event()
+        gpu = self.slots(run.settings)[0]
+
+        def evaluate(config: Any, trial: Any) -> Any:
+            return self.evaluate(run, config, trial, gpu=gpu, stop=stop)
+
+        def work() -> int:
+            return optimize(run.main, run.space, evaluate, n_trials=1, deadline=run.deadline,
+                            progress=Progress(disabled=True), desc="baseline", seed=run.settings.seed, stop=stop,
+                            own_progress=False, ask_lock=run.ask_lock)
+        return _Beside(work, stop)
 
     def _queue_picks(self, run: SearchRun, screen: Any, trials: int) -> int:
         """Queue the screen's picks (the rule's first) so the main study has `trials` configs; returns how many."""
@@ -263,6 +291,30 @@ class MeasuredBackend(Backend):
                 raise Interrupted()
         return measured_record(config, outcome, pred, backend=self, usable=usable, trial_dir=trial_dir,
                                retimed=retimed)
+
+
+class _Beside:
+    """`work` in a thread; `join` returns its result or raises its exception (`stop` first: it is stopped)."""
+
+    def __init__(self, work: Callable[[], int], stop: threading.Event) -> None:
+        self._stop = stop
+        self._result: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                self._result["ran"] = work()
+            except BaseException as exc:  # handed to the caller's thread in join
+                self._result["error"] = exc
+        self._thread = threading.Thread(target=run, name="baseline", daemon=True)
+        self._thread.start()
+
+    def join(self, *, stop: bool = False) -> int:
+        if stop:
+            self._stop.set()
+        self._thread.join()
+        if "error" in self._result and not stop:
+            raise self._result["error"]
+        return int(self._result.get("ran", 0))
 
 
 def calibration(study: Any) -> tuple[float, bool]:
