@@ -63,6 +63,9 @@ class MeasuredBackend(Backend):
 
     measured = True
     prediction_allocator = "bfc"  # measured trials see TF's BFC allocator: screen with it replayed
+    #: Two trials' processes may run at once (each process's peak is its own allocator's: the emulated device,
+    #: one per process in host memory). Not on one GPU: two processes there share its memory.
+    concurrent_trials: bool = False
 
     def slots(self, settings: Any) -> list[str | None]:
         """One entry per parallel trial worker: the GPU it uses (None: the CPU)."""
@@ -90,17 +93,17 @@ class MeasuredBackend(Backend):
         # the baseline needs no screen: its fresh processes run while the screen simulates (memory verdicts do
         # not depend on the load, and its throughput is taken again, alone, in the confirmation)
         beside = self._baseline_beside(run) if fresh and done_main == 0 else None
+        ran = 0
         try:
             screened = optimize(screen, space, run.evaluate_predicted, n_trials=s.screen_trials,
                                 deadline=run.deadline, progress=run.progress, desc="screen (simulated)", seed=seed,
                                 ask_lock=run.ask_lock)
+            self._queue_picks(run, screen, s.trials)
+            if beside is not None and not self.concurrent_trials:
+                ran, beside = beside.join(), None
+            ran += self._measure_all(run)  # on the emulated device beside the baseline's last processes
         finally:
-            failed = sys.exc_info()[0] is not None
-            if beside is not None and not failed:
-                run.progress.phase("measuring", total=s.trials, initial=done_main)
-            ran = beside.join(stop=failed) if beside is not None else 0
-        self._queue_picks(run, screen, s.trials)
-        ran += self._measure_all(run)
+            ran += beside.join(stop=sys.exc_info()[0] is not None) if beside is not None else 0
         extra = 0
         while True:
             run.progress.phase("confirming")
