@@ -56,8 +56,8 @@ from .worker import WorkerOutcome, run_worker
 if TYPE_CHECKING:
     from .backends.base import Backend, SearchRun
 
-__all__ = ["CONFIRMATIONS_ATTR", "METHOD", "RULE", "FreshRuns", "confirm_recommendation", "confirmed_figures",
-           "fresh_process_trials", "measure_trial", "next_batch", "retime_in_fresh_processes"]
+__all__ = ["CONFIRMATIONS_ATTR", "METHOD", "RULE", "RECORDED_FIGURES", "FreshRuns", "confirm_recommendation",
+           "confirmed_figures", "fresh_process_trials", "measure_trial", "next_batch", "retime_in_fresh_processes"]
 
 log = logging.getLogger(__name__)
 
