@@ -52,7 +52,8 @@ def test_screening_trials_are_context_only(df):
     assert front.front["number"].tolist() == KNOWN["front_batch"]
     assert sorted(front.screen["number"]) == [0, 1, 2, 3, 6]
     drawn = _collections(plots.plot_pareto(front).axes[0])
-    assert drawn["simulated screening (5 feasible configs, predicted)"][:, 0].tolist() == [80, 320, 240, 160, 240]
+    assert front.screen_configs == 7  # the 7 configs simulated, 5 of them feasible (drawn)
+    assert drawn["simulated screening (7 configs, 5 fit; predicted)"][:, 0].tolist() == [80, 320, 240, 160, 240]
 
 
 def test_memory_plot_in_gib_with_the_budget(df):

@@ -200,6 +200,7 @@ class ParetoFront:
         n_unplotted: trials with no x value (e.g. failed before a batch was chosen).
         screen: feasible trials of the simulated screening study (``number``,
             ``x``, ``y``; predicted figures), drawn for context; may be empty.
+        screen_configs: how many configs that study simulated (as the search's summary line counts them).
     """
 
     x: str
@@ -211,6 +212,7 @@ class ParetoFront:
     front: pd.DataFrame
     n_unplotted: int
     screen: pd.DataFrame = field(default_factory=lambda: _empty_points())
+    screen_configs: int = 0  # configs the screening study simulated (repeats not counted: the CLI's count)
 
 
 def _empty_points() -> pd.DataFrame:
@@ -249,12 +251,14 @@ def pareto_front(df: pd.DataFrame, *, x: str, maximize_x: bool, x_label: str = "
     }).reset_index(drop=True)
     front = points[points["kind"] == "front"].sort_values(["x", "y"], kind="stable").reset_index(drop=True)
     context = _empty_points()
+    configs = int((~screen["duplicate"] & (screen["state"] == "complete")).sum()) if screen is not None else 0
     if screen is not None and not screen.empty:  # repeats of an evaluated config are not drawn twice
         ok = screen[screen["feasible"] & ~screen["duplicate"] & screen[x].notna() & screen[y].notna()]
         context = pd.DataFrame({"number": ok["number"].astype(int), "x": ok[x].astype(float),
                                 "y": ok[y].astype(float)}).reset_index(drop=True)
     return ParetoFront(x=x, y=y, x_label=x_label or _AXIS_LABELS.get(x, x), y_label=y_label, maximize_x=maximize_x,
-                       points=points, front=front, n_unplotted=int((~has_x).sum()), screen=context)
+                       points=points, front=front, n_unplotted=int((~has_x).sum()), screen=context,
+                       screen_configs=configs)
 
 
 def _document_baseline(df: pd.DataFrame, recommendation: "Recommendation | None") -> int | None:

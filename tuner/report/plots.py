@@ -109,8 +109,9 @@ def plot_pareto(front: "ParetoFront", *, budget_bytes: int | None = None, x_in_b
 
     if len(front.screen):
         ax.scatter(front.screen["x"] / scale, front.screen["y"], s=22, facecolors="none", edgecolors=SCREEN,
-                   linewidths=0.8, label=f"simulated screening ({len(front.screen)} feasible configs, predicted)",
-                   zorder=1)
+                   linewidths=0.8, zorder=1,
+                   label=(f"simulated screening ({front.screen_configs or len(front.screen)} configs, "
+                          f"{len(front.screen)} fit; predicted)"))
     dominated = pts["kind"] == "dominated"
     ax.scatter(xs[dominated], ys[dominated], s=28, color=DOMINATED, alpha=0.8, linewidths=0,
                label="dominated (feasible)", zorder=2)
