@@ -81,6 +81,7 @@ class Progress:
         self._plan: dict[str, int] = {}
         self._sim_s: list[float] = []
         self._process_s: list[float] = []
+        self._trial_processes = 0  # fresh processes of the measured trial running now
         self._last = time.monotonic()
 
     # ---- the plan and the estimate ---------------------------------------------------------------
@@ -101,7 +102,10 @@ class Progress:
             if sim is None:
                 return None
             left += p["screen"] * sim
-        processes = p.get("repeats", 0) + p.get("trials", 0) * (PROCESSES_PER_TRIAL if p.get("fresh") else 1)
+        per_trial = PROCESSES_PER_TRIAL if p.get("fresh") else 1
+        # the trial running now has used some of its processes (at least one is left while it runs)
+        started = min(self._trial_processes, per_trial - 1) if p.get("trials") and p.get("fresh") else 0
+        processes = p.get("repeats", 0) + p.get("trials", 0) * per_trial - started
         if processes:
             if proc is None:
                 return None
@@ -141,6 +145,7 @@ class Progress:
             self._plan["screen"] = max(0, self._plan.get("screen", 0) - n)
         elif self._phase == "measuring":
             self._plan["trials"] = max(0, self._plan.get("trials", 0) - n)
+            self._trial_processes = 0
         self._last = now
         if postfix:
             self._postfix = postfix
@@ -160,6 +165,8 @@ class Progress:
         self._process_s.append(float(wall_s))
         if self._phase == "confirming":
             self._plan["repeats"] = max(0, self._plan.get("repeats", 0) - 1)
+        else:
+            self._trial_processes += 1
         self._draw()
 
     def close(self) -> None:

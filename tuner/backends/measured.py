@@ -89,7 +89,7 @@ class MeasuredBackend(Backend):
         done_main = sum(1 for t in run.main.get_trials(deepcopy=False) if counted(t))
         fresh = fresh_process_trials(s)
         run.progress.plan(screen=s.screen_trials - done_screen, trials=s.trials - done_main,
-                          repeats=2 * s.confirm if fresh else 0, fresh=fresh)
+                          repeats=2 * max(0, s.confirm - 1) if fresh else 0, fresh=fresh)
         # the baseline needs no screen: its fresh processes run while the screen simulates (memory verdicts do
         # not depend on the load, and its throughput is taken again, alone, in the confirmation)
         beside = self._baseline_beside(run) if fresh and done_main == 0 else None
@@ -117,7 +117,7 @@ class MeasuredBackend(Backend):
             if not self._queue_picks(run, screen, done + 1):
                 break
             log.info("the recommendation rule keeps no LMS config measured so far: measuring the screen's next pick")
-            run.progress.plan(trials=1, repeats=2 * s.confirm, fresh=True)
+            run.progress.plan(trials=1, repeats=2 * max(0, s.confirm - 1), fresh=True)
             ran += self._measure_all(run, trials=done + 1)
         return ran, screened
 
