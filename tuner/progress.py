@@ -125,6 +125,10 @@ class Progress:
     def phase(self, name: str, *, total: int = 0, initial: int = 0) -> None:
         """Enter phase `name` (one of `PHASES`) with `total` items (trials, processes), `initial` done."""
         self._phase = name
+        if name in PHASES:  # the phases before it are over
+            for done, key in zip(PHASES[1:3], ("screen", "trials")):
+                if PHASES.index(name) > PHASES.index(done) and key in self._plan:
+                    self._plan[key] = 0
         self._count = (min(initial, total), total)
         self._activity = ""
         self._last = time.monotonic()
