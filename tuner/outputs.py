@@ -433,8 +433,15 @@ def format_recommendation(doc: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------- trials.csv
 
 def trials_rows(study: Any, *, label: str, table: KnobTable = KNOB_TABLE) -> list[dict[str, Any]]:
-    """One dict per trial: the trial-record columns, the knobs (`table`'s columns), timing and provenance."""
+    """One dict per trial: the trial-record columns, the knobs (`table`'s columns), timing and provenance.
+
+    A trial measured in fresh processes (`tuner.confirm`) shows the figures the recommendation uses
+    (`confirmed_figures`: the bracket's batch, the side-by-side throughput, the highest peak), as
+    recommended.json, ``tuner best`` and the report do; ``trial_batch_size`` / ``trial_throughput`` keep
+    the trial's own record and ``fresh_processes`` counts the processes.
+    """
     rows = []
+    confirmations = study.user_attrs.get(CONFIRMATIONS_ATTR)
     for t in study.get_trials(deepcopy=False):
         a = t.user_attrs
         cfg = a.get("config") or {}
@@ -460,6 +467,11 @@ def trials_rows(study: Any, *, label: str, table: KnobTable = KNOB_TABLE) -> lis
             row[k] = a.get(k)
         row["datetime_start"] = t.datetime_start.isoformat() if t.datetime_start else None
         row["duration_s"] = duration
+        figures = confirmed_figures(t, confirmations) if confirmations and a.get("status") == "ok" else None
+        row.update(trial_batch_size=a.get("batch_size"), trial_throughput=a.get("throughput"),
+                   fresh_processes=figures["processes"] if figures is not None else None)
+        if figures is not None:
+            row.update({k: figures[k] for k in ("batch_size", "throughput", "peak_device_bytes")})
         rows.append(row)
     return rows
 

@@ -100,10 +100,13 @@ def test_report_best_recommended_json_and_trials_csv_agree_on_the_confirmed_figu
     assert f"batch size   {up} " in text and f"no-LMS baseline: batch {down}," in text
     assert f"-> batch x{ratio:.2f}, throughput x{t_ratio:.2f}" in text
 
-    # trials.csv: the trials' own (in-process) figures, with the confirmed ones in the recommendation
+    # trials.csv: the confirmed figures, the trials' own (in-process) ones beside them
     rows = {int(r["number"]): r for r in csv.DictReader((tmp_path / "studies" / STUDY / "trials.csv").open())
             if r["study"] == STUDY}
-    assert int(rows[chosen]["batch_size"]) == first["batch_size"] != up
+    for number, batch in ((chosen, up), (base, down)):
+        assert (int(rows[number]["batch_size"]), float(rows[number]["throughput"])) == (batch, 100.0 + batch)
+        assert float(rows[number]["fresh_processes"]) >= 2
+    assert int(rows[chosen]["trial_batch_size"]) == first["batch_size"] != up
 
     proc = run_cli(["report", "--study", STUDY], cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
