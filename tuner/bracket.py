@@ -117,9 +117,9 @@ def confirmed_figures(trial: Any, confirmations: Mapping[str, Any] | None) -> di
 
     ``batch_size`` is the bracket's ``lo`` (`next_batch`); ``throughput`` and ``step_time_median_s`` those
     of its fastest process there (``process``: the machine's noise only slows a run down, as `timeit` says:
-    one ResNet-50 64x64 baseline ran batch 25 at 32.1 and 67.7 samples/s in two processes), of those run side
-    by side with the other configs compared (``side_by_side``, the repeats) when there are any (a busy 2-core
-    machine timed one config's bracket at 13.3 samples/s and the baseline's, minutes earlier, at 18.2);
+    one ResNet-50 64x64 baseline ran batch 25 at 32.1 and 67.7 samples/s in two processes; on a shared 2-core
+    machine fresh processes of one LMS config ran at about 29 or about 45 samples/s, one or the other, so a
+    single process per config, even side by side, is not enough: every process at the batch counts);
     ``peak_device_bytes`` the highest peak there; ``closed`` whether the bracket was finished with every
     repeat asked (False: the time limit came first; ``batch_size`` did fit a fresh process); ``tried`` every
     process's batch and verdict in order; ``fits`` how many processes fitted ``batch_size``;
@@ -136,10 +136,7 @@ def confirmed_figures(trial: Any, confirmations: Mapping[str, Any] | None) -> di
     if lo is None:
         return None
     at = [r for r in runs if r.get("status") == "ok" and int(r["batch"]) == lo]
-    # the throughput the rule compares: of the processes run side by side with the configs it is compared with
-    # (`tuner.confirm.confirm_recommendation`), when there are any (a bracket's run minutes apart, under another load)
-    timed = [r for r in at if r.get("side_by_side")] or at
-    fastest = max(timed, key=lambda r: (r.get("throughput") or 0.0, -r["process"]))
+    fastest = max(at, key=lambda r: (r.get("throughput") or 0.0, -r["process"]))
     peaks = [int(r["peak_device_bytes"]) for r in at if r.get("peak_device_bytes")]
     trial_batch = None if entry.get("fresh_trial") else int(entry.get("trial_batch")
                                                               or trial.user_attrs.get("batch_size") or 0)

@@ -23,9 +23,9 @@ then between the largest batch that fitted and the smallest that did not
 (`tuner.bracket.next_batch`) until the two are 1 apart. Then `confirm_recommendation`
 runs the repeats: the config the recommendation rule picks and the no-LMS
 baseline (the other side of the "x times larger batch" ratio), one process of
-each in turn, until the largest batch fitted in N processes, so the throughputs
-the rule compares are measured side by side, not minutes apart on a machine
-whose load moves. With ``--confirm 0`` (or ``--batch``) a trial is one worker
+each in turn, until the largest batch fitted in N processes, so each config has
+a process timed next to the other's, not only minutes apart on a machine whose
+load moves (the rule takes the fastest process of each at its batch). With ``--confirm 0`` (or ``--batch``) a trial is one worker
 process that searches in-process (`tuner.batch.search_max_batch`), as before.
 
 (Before, every trial searched in-process and the recommendation was then

@@ -436,7 +436,7 @@ def trials_rows(study: Any, *, label: str, table: KnobTable = KNOB_TABLE) -> lis
     """One dict per trial: the trial-record columns, the knobs (`table`'s columns), timing and provenance.
 
     A trial measured in fresh processes (`tuner.confirm`) shows the figures the recommendation uses
-    (`confirmed_figures`: the bracket's batch, the side-by-side throughput, the highest peak), as
+    (`confirmed_figures`: the bracket's batch, its fastest process's throughput, the highest peak), as
     recommended.json, ``tuner best`` and the report do; ``trial_batch_size`` / ``trial_throughput`` keep
     the trial's own record and ``fresh_processes`` counts the processes.
     """

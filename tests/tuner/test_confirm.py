@@ -312,18 +312,16 @@ def test_a_trial_stopped_mid_bracket_goes_on_from_its_processes(tmp_path: Path, 
     assert doc["confirmed"] is True and doc["trial"] == retry.number, doc.get("unconfirmed")
 
 
-def test_the_throughput_compared_is_the_side_by_side_processes_when_there_are_any() -> None:
-    """A bracket's processes ran minutes before the repeats, under another load: the repeats (run in turn with
-    the configs the rule compares) give the throughput, even when a bracket process was faster."""
+def test_the_throughput_is_the_fastest_process_at_the_batch_bracket_or_repeat() -> None:
+    """Fresh processes of one config run at one of two speeds on a shared machine (about 29 or 45 samples/s):
+    the fastest process at the batch, of the bracket or the side-by-side repeats, is the config's throughput."""
     trial = SimpleNamespace(number=3, user_attrs={"status": "ok", "batch_size": 180})
-    runs = [{"process": 1, "batch": 180, "status": "ok", "throughput": 85.0, "peak_device_bytes": 5},
+    runs = [{"process": 1, "batch": 180, "status": "ok", "throughput": 45.0, "peak_device_bytes": 5},
             {"process": 2, "batch": 181, "status": "infeasible", "peak_device_bytes": 9},
-            {"process": 3, "batch": 180, "status": "ok", "throughput": 70.0, "peak_device_bytes": 5,
+            {"process": 3, "batch": 180, "status": "ok", "throughput": 29.0, "peak_device_bytes": 5,
              "side_by_side": True}]
     got = confirmed_figures(trial, {"3": {"method": METHOD, "runs": runs, "fresh_trial": True, "closed": True}})
-    assert (got["throughput"], got["process"], got["fits"], got["trial_batch"]) == (70.0, 3, 2, None)
-    got = confirmed_figures(trial, {"3": {"method": METHOD, "runs": runs[:2], "fresh_trial": True}})
-    assert (got["throughput"], got["process"]) == (85.0, 1)  # no repeat yet: the bracket's
+    assert (got["throughput"], got["process"], got["fits"], got["trial_batch"]) == (45.0, 1, 2, None)
 
 
 def test_the_baseline_runs_its_fresh_processes_while_the_screen_simulates(tmp_path: Path, seed_graph) -> None:
