@@ -25,8 +25,9 @@ runs the repeats: the config the recommendation rule picks and the no-LMS
 baseline (the other side of the "x times larger batch" ratio), one process of
 each in turn, until the largest batch fitted in N processes, so each config has
 a process timed next to the other's, not only minutes apart on a machine whose
-load moves (the rule takes the fastest process of each at its batch). With ``--confirm 0`` (or ``--batch``) a trial is one worker
-process that searches in-process (`tuner.batch.search_max_batch`), as before.
+load moves (the rule takes the fastest process of each at its batch). With
+``--confirm 0`` (or ``--batch``) a trial is one worker process that searches
+in-process (`tuner.batch.search_max_batch`), as before.
 
 (Before, every trial searched in-process and the recommendation was then
 bracketed again in fresh processes: ResNet-50 64x64 on 2 cores spent 380 s in
