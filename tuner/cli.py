@@ -40,7 +40,10 @@ log = logging.getLogger("tuner.cli")
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 PROG = "lms-tuner"
 
-DEFAULT_SCREEN_TRIALS = 30
+#: Simulated screening trials before the measured ones: the warm starts, the n_tensors ladder (half the screen,
+#: `tuner.study.queue_warm_start`) and the sampler's draws. In 18 recorded ResNet-50 searches the config measured
+#: was a ladder level every time; 20 keeps the whole ladder and 10 draws (30 took 40 s of a 2-core machine).
+DEFAULT_SCREEN_TRIALS = 20
 
 
 class _Parser(argparse.ArgumentParser):
@@ -190,11 +193,16 @@ def _search_description() -> str:
         "for the largest batch and the highest throughput that fit a memory budget. Running it again with\n"
         "the same --study resumes (completed trials are not redone).\n\n"
         "Backends: " + ";\n".join(f"{name} = {get_backend(name).help}" for name in reversed(BACKENDS)) + ".\n\n"
-        f"Defaults without a GPU (backend emulated): {emulated.default_trials} measured trials after "
-        f"{DEFAULT_SCREEN_TRIALS} simulated ones, a {emulated.default_timeout_s:.0f} s\n"
-        f"time limit, image_size reduced to {emulated.max_image_size} for models that have one, and a budget =\n"
-        "the simulator's no-LMS peak at batch 32 with TF's BFC allocator replayed (so the no-LMS\n"
-        "baseline fits about that batch and the result shows how far LMS goes beyond it).")
+        f"Defaults without a GPU (backend emulated): {DEFAULT_SCREEN_TRIALS} simulated trials, then "
+        f"{emulated.default_trials} measured ones (the no-LMS\n"
+        "baseline and the screen's pick), each a bracket of fresh processes that run one batch each, then\n"
+        f"both repeated side by side (--confirm), within a {emulated.default_timeout_s:.0f} s time limit (the "
+        "search exits 1\n"
+        "with a WARNING when the limit cuts it short); image_size reduced to "
+        f"{emulated.max_image_size} for models that have one; a\n"
+        "budget = the simulator's "
+        "no-LMS peak at batch 32 with TF's BFC allocator replayed (so the no-LMS baseline\n"
+        "fits about that batch and the result shows how far LMS goes beyond it).")
 
 
 def _add_search(sub: Any) -> None:
@@ -266,11 +274,12 @@ def _add_search(sub: Any) -> None:
                    help="trial workers in parallel: gpu backend: one on each of GPUs 0..N-1 (same as --gpus); "
                         "emulated: N on the CPU, whose timings then interfere (default: %(default)s)")
     p.add_argument("--confirm", type=_int_at_least(0, 10), default=2, metavar="N",
-                   help="gpu/emulated, largest-batch searches: measure the largest batch found, the no-LMS "
-                        "baseline and the recommended config again with one batch per fresh process (as a "
-                        "training run starts), bracketing the largest batch that fits from the trial's, until it "
-                        "fitted in N processes, and recommend from those figures (a batch's peak depends on the "
-                        "batches run before it in a process); 0: off (default: %(default)s)")
+                   help="gpu/emulated, largest-batch searches: measure each trial with one batch per fresh "
+                        "process (as a training run starts; a batch's peak depends on the batches run before it "
+                        "in a process), bracketing its largest batch from the simulator's, then run the "
+                        "recommended config and the no-LMS baseline again, in turn, until each batch fitted in "
+                        "N processes; recommended.json says whether that finished (\"confirmed\"). 0: a trial "
+                        "searches in one process instead, nothing is confirmed (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print recommended.json to stdout instead of a summary")
     p.add_argument("--reports-dir", type=Path, default=Path("reports"), metavar="DIR",
                    help="where the HTML report is written at the end (default: reports/<study>/)")
@@ -519,10 +528,37 @@ def cmd_search(args: argparse.Namespace) -> int:
               f"({outcome.completed} trials; {outcome.ran} run now"
               + (f", {outcome.screened} simulated for screening" if outcome.screened else "")
               + f"; {outcome.wall_s:.0f} s)")
-        if outcome.stopped_early:
+        if outcome.stopped_early and not outcome.unconfirmed:
             print(_stopped_early(settings, outcome))
     _report_after_search(args, settings.study, settings.studies_dir)
+    if outcome.unconfirmed:  # a time limit never turns into another answer: say so last, and fail
+        then = (f"Finish it with: {_finish_command(args)}" if outcome.cut_short else
+                f"See its fresh processes with: {PROG} best --study {settings.study}")
+        print(f"WARNING: the recommendation is NOT CONFIRMED: {outcome.unconfirmed}; {outcome.recommended_path} "
+              f"says so (\"confirmed\": false) and may name another config than a finished confirmation would. "
+              + then, file=sys.stderr)
+        return EXIT_FAILURE
     return EXIT_OK
+
+
+def _finish_command(args: argparse.Namespace) -> str:
+    """The search's own command line with ``--timeout 0`` (it resumes from the stored trials and processes)."""
+    import shlex
+
+    argv = list(getattr(args, "argv", None) or ["search"])
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--timeout":
+            skip = True
+            continue
+        if not a.startswith("--timeout="):
+            out.append(a)
+    prog = "python -m tuner" if sys.argv and sys.argv[0].endswith("__main__.py") else PROG
+    return f"{prog} {shlex.join(out + ['--timeout', '0'])}"
 
 
 def _more_trials(outcome: Any, settings: Any) -> str:
@@ -848,6 +884,7 @@ def _run(argv: list[str], storage_url: str | None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        args.argv = list(argv)  # the command as typed (a search cut short names the command that finishes it)
         from .progress import setup_logging
 
         setup_logging(quiet=args.quiet, verbose=args.verbose)

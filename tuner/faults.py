@@ -21,7 +21,9 @@ __all__ = ["FAULT_ENV", "FAULT_KINDS", "injected_fault"]
 #: usable budget at batch N: its search finds N, a run at one batch fits when that is at most N; ``pathN`` is
 #: ``fitsN`` whose in-process timed runs do not fit: its search's probes fit the batch asked for, the worker
 #: reports them and ``infeasible`` (as a process whose history pushed every timed run over the budget), and
-#: its runs at one batch are ``fitsN``'s. Never set it outside tests.
+#: its runs at one batch are ``fitsN``'s. ``kind@N`` also acts in every fresh process of trial N that has no
+#: ``N.K`` / ``N.*`` entry (a largest-batch trial is such processes by default, `tuner.confirm`).
+#: Never set it outside tests.
 FAULT_ENV = "LMS_TUNER_FAULT"
 FAULT_KINDS = ("kill", "oom", "hang", "hangonce", "raise", "ok", "die", "rofs", "smaller")
 
@@ -32,10 +34,12 @@ def injected_fault(trial: int | None, spec: str | None = None, *, confirm: int =
     spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
     if not spec or trial is None:
         return None
-    wanted = str(trial) if not confirm else f"{trial}.{confirm}"
     matches: dict[str, str] = {}
     for item in spec.split(","):
         kind, _, target = item.strip().partition("@")
         if kind in FAULT_KINDS or (kind.startswith(("fits", "path")) and kind[4:].isdigit()):
             matches.setdefault(target, kind)
-    return matches.get(wanted) or (matches.get(f"{trial}.*") if confirm else None) or matches.get("*")
+    if confirm:  # a fresh process of trial N: its own entry, then N.*, then the trial's (all its processes)
+        return (matches.get(f"{trial}.{confirm}") or matches.get(f"{trial}.*") or matches.get(str(trial))
+                or matches.get("*"))
+    return matches.get(str(trial)) or matches.get("*")

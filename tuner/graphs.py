@@ -30,14 +30,19 @@ def _graph_key(settings: SearchSettings) -> dict[str, Any]:
 
 
 def _profile_batches(settings: SearchSettings) -> tuple[int, ...]:
-    """Where to start profiling op times: only for a backend whose trials run on this CPU.
+    """The two batches op times are profiled at: only for a backend whose trials run on this CPU.
 
-    The workload's default batch (small, quick on a CPU); the worker grows it
-    from there (`tuner.trial`).
+    Two and eight times the workload's default batch (small, quick on a CPU):
+    fixed, so the simulator's op times, its screening and the configs the search
+    measures do not depend on how busy the machine was. (The worker used to grow
+    the batch until a step took about a second: on one 2-core machine it chose
+    [2, 10] lightly loaded and [2, 8] busy, and the two searches measured and
+    recommended different configs.)
     """
     if not settings.backend.profiles_op_times:
         return ()
-    return (int(settings.workload.get("default_batch") or 8),)
+    base = int(settings.workload.get("default_batch") or 8)
+    return (2 * base, 8 * base)
 
 
 def load_op_costs(settings: SearchSettings) -> Any:

@@ -162,7 +162,9 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[Any, Any], Tria
                     trial.set_user_attr("duplicate_of", number)
                     trial.set_constraint("memory", float(attrs.get("constraint", [0.0])[0]))
                     study.tell(trial, values)
-                    log.debug("trial %d: same effective config as trial %d", trial.number, number)
+                    # said at INFO: the trial numbers in the log then run on without a gap
+                    log.info("trial %d: same effective config as trial %d; answered from the study, not counted",
+                             trial.number, number)
                     repeats += 1
                     if explore_on_repeat:
                         _queue_unexplored(study, space, known, rng)
@@ -173,6 +175,8 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[Any, Any], Tria
                     trial.set_user_attr("reason", f"same config as trial {earlier}, running in another worker")
                     trial.set_user_attr("concurrent_duplicate_of", earlier)
                     study.tell(trial, state=TrialState.FAIL)
+                    log.info("trial %d: same config as trial %d, running in another worker; skipped", trial.number,
+                             earlier)
                     repeats += 1
                     if explore_on_repeat:
                         _queue_unexplored(study, space, known, rng)
@@ -203,6 +207,7 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[Any, Any], Tria
                         _log_record(trial.number, record, f"[{done + 1}/{n_trials}]", space)
             except Interrupted:
                 _requeue(study, trial, "stopped at the search's time limit during this trial; queued again")
+                why("stop" if stop is not None and stop.is_set() else "time limit")
                 break
             except (KeyboardInterrupt, SystemExit):
                 _requeue(study, trial, "interrupted; queued again")

@@ -31,7 +31,7 @@ from . import RECOMMENDATION_SCHEMA
 from . import RECOMMENDATION_VERSION as SCHEMA_VERSION
 from .backends import Backend, get_backend
 from .budget import format_bytes
-from .confirm import CONFIRMATIONS_ATTR, confirmed_figures
+from .bracket import CONFIRMATIONS_ATTR, confirmed_figures
 from .knobs import KNOB_TABLE, KnobTable
 from .pareto import dominates, rule_pick
 
@@ -140,11 +140,14 @@ def _confirmation_line(conf: Mapping[str, Any]) -> str:
     process: 175 no, 170 fits, 171 no, 170 fits)``."""
     hi = conf.get("smallest_failing")
     tried = ", ".join(f"{b} {v}" for b, v in conf.get("tried") or ())
+    if conf.get("trial_batch") is None:  # the trial was these processes (the default)
+        origin = f" (from the simulator's {conf['start']}" if conf.get("start") else " ("
+    else:
+        origin = (f" (the trial's {conf['trial_batch']}"
+                  + (f", the simulator's {conf['start']}" if conf.get("start") else ""))
     return (f"batch {conf['batch_size']} fitted in {conf['fits']} fresh process{'es' if conf['fits'] != 1 else ''}"
             + (f", {hi} did not" if hi is not None else "")
-            + f" (the trial's {conf['trial_batch']}"
-            + (f", the simulator's {conf['start']}" if conf.get("start") else "")
-            + f"; one batch per process: {tried})"
+            + origin + ("; " if origin != " (" else "") + f"one batch per process: {tried})"
             + ("" if conf.get("closed") else "; not finished (time limit): resume the search to finish it"))
 
 
@@ -167,12 +170,14 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
                          settings: "SearchSettings", budget_bytes: int, budget_source: str, usable_bytes: int,
                          environment: Mapping[str, Any], notes: Sequence[str] = (),
                          predicted_only_reason: str = "",
-                         confirmations: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                         confirmations: Mapping[str, Any] | None = None, cut_short: str = "") -> dict[str, Any]:
     """The recommended.json document for `chosen` (a FrozenTrial with a trial record).
 
-    Where `chosen` or the baseline was measured again in fresh processes (`confirmations`,
-    `tuner.confirm`), their figures are the largest batch that fitted there, and ``confirmation`` lists the
-    processes.
+    Where `chosen` or the baseline was measured in fresh processes (`confirmations`, `tuner.confirm`),
+    their figures are the largest batch that fitted there, and ``confirmation`` lists the processes. A
+    measured largest-batch search says whether the recommendation is confirmed (``confirmed``) and, when
+    not, why (``unconfirmed``): `cut_short` (the time limit or an interruption came first: the finished
+    search may recommend another config), a bracket not closed, or ``--confirm 0``.
     """
     a = chosen.user_attrs
     measured = bool(a.get("measured"))
@@ -231,9 +236,16 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
             doc["step_time_s"] = {**doc["step_time_s"], "median": confirmed["step_time_median_s"], "spread": None}
         doc["confirmation"] = {k: confirmed[k] for k in _CONFIRMATION_KEYS + ("runs", "rule")}
     base = baseline_trial(trials)
+    base_confirmed = confirmed_figures(base, confirmations) if base is not None else None
+    if measured and settings.batch is None and settings.backend.measured:
+        why = _unconfirmed(settings, confirmed, base_confirmed,
+                           cut_short=cut_short,
+                           has_baseline=base is not None and base.user_attrs.get("status") == "ok")
+        doc["confirmed"] = not why
+        if why:
+            doc["unconfirmed"] = why
     if base is not None and base.user_attrs.get("status") == "ok":
         b = _figures(base)
-        base_confirmed = confirmed_figures(base, confirmations)
         if base_confirmed is not None:
             b = {k: base_confirmed[k] for k in ("batch_size", "throughput", "peak_device_bytes")}
             b["confirmation"] = {k: base_confirmed[k] for k in _CONFIRMATION_KEYS}
@@ -254,6 +266,22 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
                                 device=settings.device, device_name=device_name)}
         for t in front]
     return doc
+
+
+def _unconfirmed(settings: "SearchSettings", chosen: Mapping[str, Any] | None, base: Mapping[str, Any] | None, *,
+                 cut_short: str, has_baseline: bool) -> str:
+    """Why a measured recommendation is not confirmed ("" when it is; see `build_recommendation`)."""
+    if settings.confirm <= 0:
+        return "--confirm 0: measured in one process that searched in-process, not in fresh processes"
+    if cut_short:
+        return cut_short
+    for name, conf in (("recommended config", chosen), ("no-LMS baseline", base if has_baseline else {})):
+        if conf is None:
+            return f"the {name} was not measured in fresh processes"
+        if conf and not (conf.get("closed") and conf.get("fits", 0) >= settings.confirm):
+            return (f"the {name}'s fresh-process bracket is not finished (batch {conf['batch_size']} fitted in "
+                    f"{conf['fits']} of the {settings.confirm} processes --confirm asks)")
+    return ""
 
 
 def read_recommendation(path: Path) -> dict[str, Any]:
@@ -374,6 +402,8 @@ def format_recommendation(doc: Mapping[str, Any]) -> str:
         for miss in conf.get("unconfirmed") or ():
             lines.append(f"    process {miss['process']} (batch {miss['batch']}): {miss['status']} "
                          f"{miss.get('reason') or ''}".rstrip())
+    if doc.get("unconfirmed"):
+        lines.append(f"  NOT CONFIRMED: {doc['unconfirmed']}")
     pred = doc.get("predicted") or {}
     if doc.get("measured") and pred.get("batch_size") is not None:
         thr = pred.get("throughput")
@@ -403,8 +433,15 @@ def format_recommendation(doc: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------- trials.csv
 
 def trials_rows(study: Any, *, label: str, table: KnobTable = KNOB_TABLE) -> list[dict[str, Any]]:
-    """One dict per trial: the trial-record columns, the knobs (`table`'s columns), timing and provenance."""
+    """One dict per trial: the trial-record columns, the knobs (`table`'s columns), timing and provenance.
+
+    A trial measured in fresh processes (`tuner.confirm`) shows the figures the recommendation uses
+    (`confirmed_figures`: the bracket's batch, its fastest process's throughput, the highest peak), as
+    recommended.json, ``tuner best`` and the report do; ``trial_batch_size`` / ``trial_throughput`` keep
+    the trial's own record and ``fresh_processes`` counts the processes.
+    """
     rows = []
+    confirmations = study.user_attrs.get(CONFIRMATIONS_ATTR)
     for t in study.get_trials(deepcopy=False):
         a = t.user_attrs
         cfg = a.get("config") or {}
@@ -430,6 +467,11 @@ def trials_rows(study: Any, *, label: str, table: KnobTable = KNOB_TABLE) -> lis
             row[k] = a.get(k)
         row["datetime_start"] = t.datetime_start.isoformat() if t.datetime_start else None
         row["duration_s"] = duration
+        figures = confirmed_figures(t, confirmations) if confirmations and a.get("status") == "ok" else None
+        row.update(trial_batch_size=a.get("batch_size"), trial_throughput=a.get("throughput"),
+                   fresh_processes=figures["processes"] if figures is not None else None)
+        if figures is not None:
+            row.update({k: figures[k] for k in ("batch_size", "throughput", "peak_device_bytes")})
         rows.append(row)
     return rows
 
@@ -447,8 +489,8 @@ def write_trials_csv(path: Path, studies: Sequence[tuple[str, Any]], *, table: K
 
 def write_outputs(study_dir: Path, *, main: Any, screen: Any | None, settings: "SearchSettings",
                   budget_bytes: int, budget_source: str, usable_bytes: int, environment: Mapping[str, Any],
-                  notes: Sequence[str] = (), measure_advice: str = "rerun the search to measure"
-                  ) -> tuple[dict[str, Any] | None, Path | None, Path]:
+                  notes: Sequence[str] = (), measure_advice: str = "rerun the search to measure",
+                  cut_short: str = "") -> tuple[dict[str, Any] | None, Path | None, Path]:
     """Write trials.csv always, recommended.json when some config is feasible.
 
     With no feasible measured config, the screening study's predicted pick is
@@ -478,7 +520,8 @@ def write_outputs(study_dir: Path, *, main: Any, screen: Any | None, settings: "
     doc = build_recommendation(study=main.study_name, chosen=chosen, front=front, trials=trials, settings=settings,
                                budget_bytes=budget_bytes, budget_source=budget_source, usable_bytes=usable_bytes,
                                environment=environment, notes=notes, predicted_only_reason=fallback,
-                               confirmations=None if fallback else main.user_attrs.get(CONFIRMATIONS_ATTR))
+                               confirmations=None if fallback else main.user_attrs.get(CONFIRMATIONS_ATTR),
+                               cut_short=cut_short)
     rec_path = atomic_write_text(study_dir / "recommended.json", json.dumps(doc, indent=2, default=str) + "\n")
     LMSConfig.load(rec_path)  # what a training script does: it must read back
     return doc, rec_path, csv_path

@@ -73,7 +73,8 @@ class TraceRequest(_Message):
 
     Attributes:
         key: stored with the graph: the cache is reused only for the same key.
-        profile_batches: also profile per-op times from the first of these batches (emulated backend).
+        profile_batches: also profile per-op times (emulated backend): at exactly these two batches, or, given
+            one, from it up to where a step takes about a second (a choice that moves with the machine's load).
     """
 
     mode: ClassVar[str] = "trace"
@@ -95,6 +96,8 @@ class MeasureRequest(_Message):
         start_batch / cap: first probe and largest batch.
         fixed_batch: measure at `start_batch` only (``--batch``): one timed run, no batch search;
             a peak over `usable_bytes` makes the config infeasible there.
+        stop_over_budget: with `fixed_batch`, end the timed steps at the first whose peak is over
+            `usable_bytes` (the batch does not fit whatever the later steps do).
         slope_bytes_per_sample: the simulator's, to aim the next probe.
         resolution / max_probes: when the batch search stops.
         probe_warmup / probe_steps: steps per probe; warmup / steps: of the timed run.
@@ -130,6 +133,7 @@ class MeasureRequest(_Message):
     bandwidth: float | None = None
     device_memory_limit_bytes: int | None = None
     host_memory_limit_bytes: int | None = None
+    stop_over_budget: bool = False
 
 
 _REQUESTS = {cls.mode: cls for cls in (DescribeRequest, TraceRequest, MeasureRequest)}

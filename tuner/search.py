@@ -32,6 +32,7 @@ from typing import Any, Mapping
 from lms.config import LMSConfig
 
 from .backends import SearchRun
+from .confirm import fresh_process_trials
 from .batch import Prediction, predict_max_batch, usable_bytes
 from .budget import format_bytes
 from .graphs import derive_emulated_budget, load_graph, load_op_costs
@@ -68,6 +69,10 @@ class SearchOutcome:
     #: ``--batch N`` and no config fits at N: the smallest peak found, its config and source, and the
     #: largest batch that config fits (simulator, PREDICTED); see `FixedBatch`.
     no_fit: Mapping[str, Any] | None = None
+    #: why the recommendation is not confirmed ("" when it is, or when nothing is confirmed: another backend,
+    #: ``--batch``, ``--confirm 0``): recommended.json's ``unconfirmed`` (e.g. the time limit came first)
+    unconfirmed: str = ""
+    cut_short: str = ""  # the time limit or an interruption ended it before the confirmation did (resume it)
 
 
 class _Stopper:
@@ -127,6 +132,7 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
     log.info("study %s: model %s, backend %s, storage %s", settings.study, settings.model, backend.name,
              settings.storage.display)
     with _Stopper():
+        progress.phase("tracing")
         graph = load_graph(settings)
         op_costs = load_op_costs(settings) if backend.profiles_op_times else None
         if op_costs is not None:
@@ -163,7 +169,12 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
                 if stored.get("selection") != attrs["selection"]:  # `best` from the storage picks as this run does
                     main.set_user_attr(TUNER_ATTR, {**stored, "selection": attrs["selection"]})
                 log.info("resuming study %s", settings.study)
-            queue_warm_start(main, space)
+            if fresh_process_trials(settings):
+                # each measured trial is a bracket of fresh processes: the baseline, then the screen's picks
+                # (the TFLMS defaults and the warm values are screened, and measured when the screen picks them)
+                main.enqueue_trial(space.baseline_params(), user_attrs={"warm_start": True}, skip_if_exists=True)
+            else:
+                queue_warm_start(main, space)
         recover_stale_trials(main)
 
         goal = settings.goal
@@ -182,18 +193,22 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
         run = SearchRun(main=main, storage=storage, space=space, settings=settings, usable=usable, predict=predict,
                         deadline=deadline, progress=progress, ask_lock=ask_lock, attrs=attrs)
         ran = screened = 0
+        finished = False
         try:
             ran, screened = backend.search(run)
+            finished = True
         finally:
+            progress.finish()
             notes.extend(run.notes)
             trials = main.get_trials(deepcopy=False)
             completed = sum(1 for t in trials if counted(t))
             stopped = completed < settings.trials
+            cut = _cut_short(run, finished=finished, stopped=stopped)
             doc, rec_path, csv_path = outputs.write_outputs(
                 settings.study_dir, main=main, screen=run.screen, settings=settings, budget_bytes=budget,
                 budget_source=budget_source, usable_bytes=usable, environment=_environment(settings), notes=notes,
                 measure_advice=f"run the search again with --trials {completed + settings.trials} to measure "
-                               "more configs")
+                               "more configs", cut_short=cut)
     statuses: dict[str, int] = {}
     for t in trials:
         if counted(t):
@@ -210,7 +225,28 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
         reason = "others"
     return SearchOutcome(settings.study, doc, rec_path, csv_path, ran, screened, completed, stopped,
                          time.monotonic() - start, tuple(notes), stop_reason=reason, statuses=statuses,
-                         running_elsewhere=running_elsewhere, no_fit=no_fit)
+                         running_elsewhere=running_elsewhere, no_fit=no_fit,
+                         unconfirmed=(str(doc.get("unconfirmed") or "") if doc is not None and settings.confirm > 0
+                                      else ""),
+                         cut_short=cut)
+
+
+def _cut_short(run: SearchRun, *, finished: bool, stopped: bool) -> str:
+    """Why the measured search ended before its recommendation was confirmed ("" when it was not cut short).
+
+    The time limit (or an interruption) during the trials or the confirmation: the figures so far may point
+    at another config than the finished search would (a time limit must never turn into another answer).
+    """
+    s = run.settings
+    if not (s.backend.measured and s.batch is None and s.confirm > 0):
+        return ""
+    if not finished:
+        return "the search was interrupted before the confirmation ended"
+    if any("time limit" in n for n in run.notes) or (stopped and run.stopped.get("reason") == "time limit"):
+        limit = f"{s.timeout_s:g} s" if s.timeout_s else "the time limit"
+        return (f"the time limit ({limit}) ended the search before the " + ("trials" if stopped else "confirmation")
+                + " ended")
+    return ""
 
 
 def _settings_record(settings: SearchSettings) -> dict[str, Any]:

@@ -103,8 +103,9 @@ def _trace(request: TraceRequest, events: _Events) -> TraceResult:
 def _profile(step: Any, workload: Any, batches: list[int], events: _Events) -> dict[str, Any] | None:
     """Per-op times of the traced step on this CPU (`lms.tf.profile`), or None if profiling failed.
 
-    Starts from ``batches[0]`` (the workload's default batch) and profiles at the
-    batch whose step takes about a second and a quarter of it
+    At ``batches`` when two are given (the search's default: fixed batches, so
+    the simulator's op times do not depend on how busy the machine was); given
+    one, from it at the batch whose step takes about a second and a quarter of it
     (`lms.tf.profile.profile_batches`). Run with one inter-op thread (set in
     `_trace`), as the emulated trials run; a failed profile only costs the
     simulator its measured times (it falls back to its roofline).
@@ -119,7 +120,8 @@ def _profile(step: Any, workload: Any, batches: list[int], events: _Events) -> d
 
     start = time.monotonic()
     try:
-        batches = list(profile_batches(step, make_args, batches[0]))
+        # two batches given: exactly those (the same op times whatever the load; see `tuner.graphs`)
+        batches = batches[:2] if len(batches) >= 2 else list(profile_batches(step, make_args, batches[0]))
         events.emit("phase", phase="profiling", batches=batches)
         costs = profile_op_costs(step, make_args, batches=batches)
     except Exception as exc:  # noqa: BLE001 - any failure: no measured op times, say why
@@ -165,10 +167,10 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
     usable = request.usable_bytes
     timings: dict[int, Any] = {}
 
-    def run(batch: int, *, warmup: int, steps: int) -> Any:
+    def run(batch: int, *, warmup: int, steps: int, stop_after: Any = None) -> Any:
         data = device_batch(workload.make_batch(batch, seed), device)  # one copy in the device's memory
         return measure_step(fn, [data], warmup=warmup, steps=steps, device=device,
-                            executor=backend.executor)
+                            executor=backend.executor, stop_after=stop_after)
 
     def probe(batch: int) -> Measurement:
         events.emit("probe_start", batch=batch)
@@ -248,8 +250,9 @@ def _measure_fixed(request: MeasureRequest, run: Any, events: _Events, *, backen
     batch, usable = request.start_batch, request.usable_bytes
     events.emit("phase", phase="timing", batch=batch)
     out: dict[str, Any] = {"tensorflow": tf.__version__, "lms_summary": _lms_summary(fn)}
+    over = (lambda peak: peak > usable) if request.stop_over_budget else None  # no later step can undo it
     try:
-        m = run(batch, warmup=request.warmup, steps=request.steps)
+        m = run(batch, warmup=request.warmup, steps=request.steps, stop_after=over)
     except tf.errors.ResourceExhaustedError as exc:
         events.emit("probe", batch=batch, fits=False, peak_bytes=None, oom=True, usable_bytes=usable)
         return MeasureResult(status="oom", batch_size=0, throughput=0.0, device=backend.device_label(""),

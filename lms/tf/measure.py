@@ -262,7 +262,8 @@ def default_device() -> str:
 
 def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, steps: int = 5,
                  device: str | None = None, nvml: bool | NvmlSampler | None = None,
-                 reset_host_peak: bool = True, executor: str = "default", live: bool = False) -> StepMeasurement:
+                 reset_host_peak: bool = True, executor: str = "default", live: bool = False,
+                 stop_after: Callable[[int], bool] | None = None) -> StepMeasurement:
     """Run ``step`` untimed ``warmup`` times, then ``steps`` timed times, and measure.
 
     The allocator's peak statistic is reset before each timed step, so tracing,
@@ -309,6 +310,10 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
             requested bytes its tensors held at most (`live_peak_bytes`,
             `lms.tf.live`): what the step's order makes live, without the
             allocator's rounding and history.
+        stop_after: called with each timed step's allocator peak; True ends
+            the timed steps there (e.g. a peak over a memory budget: no later
+            step can bring the worst one back under it). The steps that ran are
+            reported, ``steps`` of them at most.
 
     Raises:
         RuntimeError: on CPU, when TF's CPU allocator is not BFC (see
@@ -321,7 +326,7 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
     if EXECUTORS[executor] is not None:
         with tf.experimental.function_executor_type(EXECUTORS[executor]):
             return measure_step(step, batches, warmup=warmup, steps=steps, device=device, nvml=nvml,
-                                reset_host_peak=reset_host_peak, live=live)
+                                reset_host_peak=reset_host_peak, live=live, stop_after=stop_after)
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
     if not isinstance(steps, int) or steps < 1:
@@ -376,6 +381,8 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
             times.append(time.perf_counter() - start)
             step_peaks.append(int(tf.config.experimental.get_memory_info(device)["peak"]))
             del outputs
+            if stop_after is not None and stop_after(step_peaks[-1]):
+                break
     peak = max(step_peaks)
 
     window_peak = hostmem.window_peak_rss_bytes() if host_window else None
@@ -407,7 +414,7 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
         live_peak_bytes=None if live_figures is None else live_figures.peak_bytes,
         live_step_bytes=None if live_figures is None else live_figures.step_bytes)
     log.info("measured %s: peak %d bytes (%s), median step %.4f s over %d steps",
-             device, peak, measurement.peak_source, measurement.median_step_s, steps)
+             device, peak, measurement.peak_source, measurement.median_step_s, len(times))
     return measurement
 
 

@@ -289,3 +289,49 @@ def _frozen(records):
             distributions=DISTRIBUTIONS, user_attrs=attrs)
         out.append(_with_number(t, i))
     return out
+
+
+def test_trials_frame_shows_the_fresh_process_figures_of_confirmed_trials(known):
+    """The study's stored fresh processes replace a trial's own figures in every table and plot (one truth with
+    recommended.json); trials without them keep theirs."""
+    from tuner.bracket import METHOD
+
+    study, own = known
+    runs = [{"process": 1, "batch": 30, "status": "ok", "throughput": 80.0, "peak_device_bytes": 900},
+            {"process": 2, "batch": 31, "status": "infeasible", "peak_device_bytes": 1001},
+            {"process": 3, "batch": 30, "status": "ok", "throughput": 84.0, "peak_device_bytes": 905}]
+    df = trials_frame(study.get_trials(), confirmations={"2": {"method": METHOD, "runs": runs, "closed": True}})
+    row = df[df["number"] == 2].iloc[0]
+    assert (row["batch_size"], row["throughput"], row["peak_device_bytes"]) == (30, 84.0, 905)
+    assert row["confirmed"] and row["processes"] == 3
+    others = df[df["number"] != 2]
+    assert not others["confirmed"].any()
+    assert others["batch_size"].tolist() == own[own["number"] != 2]["batch_size"].tolist()
+
+
+def test_knob_panels_are_the_knobs_that_varied_screen_figures_when_few_were_measured():
+    from tuner.report.data import knob_effects
+
+    measured = trials_frame([_trial(0, record(n_tensors=0, batch=8, throughput=100.0, peak=GiB // 2)),
+                             _trial(1, record(n_tensors=-1, lb=1, batch=32, throughput=90.0, peak=GiB // 2,
+                                              schedule="memory"))])
+    screen = trials_frame([_trial(i, record(n_tensors=n, lb=1, batch=b, throughput=90.0, peak=GiB // 2,
+                                            schedule=sched))
+                           for i, (n, b, sched) in enumerate([(0, 8, "tf"), (-1, 20, "tf"), (-1, 32, "memory"),
+                                                              (10, 24, "memory"), (5, 12, "tf")])])
+    effects = knob_effects(measured, screen=screen)
+    # two measured configs vary nothing worth a panel: the screen's (PREDICTED); lb took one value: no panel
+    assert [e.knob for e in effects] == ["n_tensors", "schedule"] and all(e.predicted for e in effects)
+    assert effects[1].summary["label"].tolist() == ["memory", "tf"]
+    assert [e.knob for e in knob_effects(screen)] == ["n_tensors", "schedule"]  # enough measured: not predicted
+    assert not any(e.predicted for e in knob_effects(screen))
+
+
+def _trial(number: int, attrs: dict) -> optuna.trial.FrozenTrial:
+    import datetime
+
+    return optuna.trial.FrozenTrial(
+        number=number, state=optuna.trial.TrialState.COMPLETE, value=None,
+        values=[attrs["batch_size"], attrs["throughput"]],
+        datetime_start=datetime.datetime.now(), datetime_complete=datetime.datetime.now(), params={},
+        distributions={}, user_attrs=attrs, system_attrs={}, intermediate_values={}, trial_id=number)

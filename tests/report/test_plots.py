@@ -52,7 +52,8 @@ def test_screening_trials_are_context_only(df):
     assert front.front["number"].tolist() == KNOWN["front_batch"]
     assert sorted(front.screen["number"]) == [0, 1, 2, 3, 6]
     drawn = _collections(plots.plot_pareto(front).axes[0])
-    assert drawn["simulated screening (5, predicted)"][:, 0].tolist() == [80, 320, 240, 160, 240]
+    assert front.screen_configs == 7  # the 7 configs simulated, 5 of them feasible (drawn)
+    assert drawn["simulated screening (7 configs, 5 fit; predicted)"][:, 0].tolist() == [80, 320, 240, 160, 240]
 
 
 def test_memory_plot_in_gib_with_the_budget(df):
@@ -114,3 +115,14 @@ def test_empty_study_still_draws():
 @pytest.mark.parametrize("nbytes, unit", [(10, "B"), (3 << 10, "KiB"), (5 << 20, "MiB"), (GiB, "GiB"), (2 << 40, "TiB")])
 def test_byte_unit(nbytes, unit):
     assert plots.byte_unit(nbytes)[1] == unit
+
+
+def test_pareto_markers_have_room_at_the_top_and_the_budget_says_its_own_unit(df):
+    """The baseline square and the recommended star at the highest throughput are not cut by the top edge; the
+    budget is written in its own unit (MiB beside MiB peaks), not the axis's."""
+    front = pareto_front(df, x="batch_size", maximize_x=True, baseline=0, recommended=KNOWN["recommended"])
+    ax = plots.plot_pareto(front).axes[0]
+    assert ax.get_ylim()[1] >= 1.1 * 100  # the baseline's 100 samples/s is the highest point
+    mem = pareto_front(df, x="peak_bytes", maximize_x=False)
+    ax = plots.plot_pareto(mem, budget_bytes=600 << 20, x_in_bytes=True).axes[0]
+    assert [l.get_label() for l in ax.lines if l.get_label().startswith("budget")] == ["budget 600.00 MiB"]

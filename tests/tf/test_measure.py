@@ -159,6 +159,22 @@ def test_warmup_excludes_tracing_and_step_count_is_honoured() -> None:
     assert cold.median_step_s == pytest.approx(float(np.median(cold.step_times_s)))
 
 
+def test_stop_after_ends_the_timed_steps_at_the_first_it_accepts() -> None:
+    """A batch whose timed step peaks over a budget stops there (the tuner's fresh processes): the steps run are
+    reported, and the peaks they read are those a full run reads for its first steps."""
+    model = small_cnn()
+    step = train_step_for(model)
+    full = measure_step(step, batch_of(8), warmup=2, steps=4)
+    seen: list[int] = []
+    over = measure_step(step, batch_of(8), warmup=2, steps=4, stop_after=lambda peak: seen.append(peak) or True)
+    assert over.steps == len(over.step_peaks_bytes) == 1 and seen == list(over.step_peaks_bytes)
+    under = measure_step(step, batch_of(8), warmup=2, steps=4, stop_after=lambda peak: False)
+    assert under.steps == 4 and full.steps == 4
+    budget = min(full.step_peaks_bytes) // 2  # every step peaks over it: the first decides
+    cut = measure_step(step, batch_of(8), warmup=2, steps=4, stop_after=lambda peak: peak > budget)
+    assert cut.steps == 1 and cut.peak_device_bytes > budget
+
+
 def test_batches_sequence_iterator_and_single_tensor() -> None:
     seen: list[int] = []
 

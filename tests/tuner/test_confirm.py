@@ -25,9 +25,9 @@ from .conftest import TINY_MODEL, run_cli
 STUDY = "confirm"
 
 
-def _search(tmp_path: Path, *extra: str, fault: str = "ok@*") -> dict:
+def _search(tmp_path: Path, *extra: str, fault: str = "ok@*", trials: str = "3") -> dict:
     proc = run_cli(["search", "--model", TINY_MODEL, "--backend", "emulated", "--budget", "128MiB", "--study", STUDY,
-                    "--seed", "0", "--trials", "3", "--screen-trials", "4", "--timeout", "0", "--no-report",
+                    "--seed", "0", "--trials", trials, "--screen-trials", "4", "--timeout", "0", "--no-report",
                     "--json", *extra], cwd=tmp_path, timeout=180, env={"LMS_TUNER_FAULT": fault})
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -206,12 +206,13 @@ def test_the_throughput_rule_reads_the_confirmed_figures() -> None:
 
 def test_a_trial_whose_in_process_timed_runs_missed_is_timed_in_fresh_processes(tmp_path: Path, seed_graph) -> None:
     # `pathN`: every trial's probes fit the batch they start at, its timed runs after them do not (the process's
-    # history), and a fresh process fits a batch when it is at most N
+    # history), and a fresh process fits a batch when it is at most N (in-process trials: --confirm 0)
     seed_graph(tmp_path / "studies", STUDY)
     limit = 1000
-    doc = _search(tmp_path, "--confirm", "1", fault=f"path{limit}@*")
+    doc = _search(tmp_path, "--confirm", "0", fault=f"path{limit}@*")
+    assert doc["confirmed"] is False and doc["unconfirmed"].startswith("--confirm 0")
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'studies' / STUDY / 'study.db'}")
-    stored = study.user_attrs[CONFIRMATIONS_ATTR]
+    assert CONFIRMATIONS_ATTR not in study.user_attrs
     trials = [t for t in study.get_trials() if t.user_attrs.get("measured")]
     assert len(trials) == 3
     shrunk = 0
@@ -231,14 +232,7 @@ def test_a_trial_whose_in_process_timed_runs_missed_is_timed_in_fresh_processes(
                                 / "request.json").read_text())["request"] for k in range(1, len(tried) + 1)]
         assert [(r["start_batch"], r["cap"], r["fixed_batch"]) for r in requests] == [(b, b, True) for b, _ in tried]
     assert shrunk >= 1  # some trial started above the limit (the batches probed: see `tried`)
-    # the recommendation's bracket started at the simulator's batch for the config, not at the trial's fresh
-    # runs (those depend on the trial's probe path), and closed at the limit
-    conf = doc["confirmation"]
-    assert doc["batch_size"] == conf["batch_size"] == limit and conf["smallest_failing"] == limit + 1
-    assert conf["start"] == doc["predicted"]["batch_size"] == conf["tried"][0][0]
-    assert stored[str(doc["trial"])]["start"] == conf["start"]
-    chosen = next(t for t in trials if t.number == doc["trial"]).user_attrs
-    assert conf["trial_batch"] == chosen["batch_size"]
+    assert "confirmation" not in doc
 
 
 def test_a_trial_no_fresh_process_fits_stays_infeasible_and_says_where_it_was_tried() -> None:
@@ -258,3 +252,84 @@ def test_a_trial_no_fresh_process_fits_stays_infeasible_and_says_where_it_was_tr
     assert record.status == "infeasible" and record.batch_size == 0
     assert record.reason.endswith("; in fresh processes: batch 40 did not fit, batch 30 timeout")
     assert record.extra["timed_in_fresh_process"]["tried"] == [[40, "infeasible"], [30, "timeout"]]
+
+
+def test_a_default_search_measures_each_trial_as_a_bracket_of_fresh_processes_then_repeats_side_by_side(
+        tmp_path: Path, seed_graph) -> None:
+    """--confirm 2 (the default): the baseline and the screen's pick, each a bracket of fresh processes (each batch
+    once, from the simulator's batch), then one more process of each in turn at the batch found."""
+    seed_graph(tmp_path / "studies", STUDY)
+    doc = _search(tmp_path, fault="fits120@*,fits30@0", trials="2")
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'studies' / STUDY / 'study.db'}")
+    trials = sorted((t for t in study.get_trials() if t.user_attrs.get("measured")), key=lambda t: t.number)
+    assert [t.user_attrs["config"]["n_tensors"] for t in trials][0] == 0 and len(trials) == 2
+    assert trials[1].user_attrs.get("from_screen") and not trials[1].user_attrs.get("warm_start")
+    stored = study.user_attrs[CONFIRMATIONS_ATTR]
+    for t, limit in zip(trials, (30, 120)):
+        entry = stored[str(t.number)]
+        assert entry["fresh_trial"] and entry["closed"] and entry["start"] == t.user_attrs["predicted_batch"]
+        assert entry["runs"][0]["batch"] == entry["start"]  # the first process at the simulator's batch
+        # the trial's figures are its bracket's: the largest batch that fitted, the next one up did not
+        assert t.user_attrs["batch_size"] == limit and t.user_attrs["smallest_failing"] == limit + 1
+        assert t.user_attrs["tried"] == [[r["batch"], "fits" if r["batch"] <= limit else "no"]
+                                         for r in entry["runs"][:-1]]
+        # ... and then one repeat: the batch fitted in 2 processes
+        assert [r["batch"] for r in entry["runs"]].count(limit) == 2 and entry["runs"][-1]["batch"] == limit
+    assert doc["confirmed"] is True and doc["batch_size"] == 120 and doc["baseline"]["batch_size"] == 30
+    assert doc["confirmation"]["trial_batch"] is None and doc["confirmation"]["fits"] == 2
+    # the bracket's processes in the trial's folder, the repeats in confirm/, one of each trial in turn; every
+    # process stops its timed steps at the first one over the budget
+    requests = {p.parent: json.loads(p.read_text())["request"]
+                for p in (tmp_path / "studies" / STUDY).glob("**/request.json") if "trace" not in str(p)}
+    assert all(r["fixed_batch"] and r["stop_over_budget"] and r["confirm"] >= 1 for r in requests.values())
+    repeats = sorted((p for p in requests if p.parent.name == "confirm"), key=lambda p: p.stat().st_mtime_ns)
+    assert [requests[p]["trial"] for p in repeats] == [trials[1].number, trials[0].number]
+    proc = run_cli(["best", "--study", STUDY], cwd=tmp_path, timeout=60)
+    assert (f"batch 120 fitted in 2 fresh processes, 121 did not (from the simulator's "
+            f"{stored[str(trials[1].number)]['start']}; one batch per process:") in proc.stdout, proc.stdout
+
+
+def test_a_trial_stopped_mid_bracket_goes_on_from_its_processes(tmp_path: Path, seed_graph) -> None:
+    """The time limit stops the pick's bracket while a process runs: the trial is queued again, and its retry
+    starts no process that had already ended."""
+    seed_graph(tmp_path / "studies", STUDY)
+    _search(tmp_path, fault="fits30@0", trials="1")  # the baseline and the screen; then the pick's trial alone:
+    proc = run_cli(["search", "--model", TINY_MODEL, "--backend", "emulated", "--budget", "128MiB", "--study", STUDY,
+                    "--seed", "0", "--trials", "2", "--screen-trials", "4", "--timeout", "20", "--no-report"],
+                   cwd=tmp_path, timeout=180, env={"LMS_TUNER_FAULT": "fits30@0,hang@1.2,fits120@*"})
+    assert proc.returncode == 1 and "WARNING: the recommendation is NOT CONFIRMED" in proc.stderr, proc.stderr[-2000:]
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'studies' / STUDY / 'study.db'}")
+    stopped = study.user_attrs[CONFIRMATIONS_ATTR]["1"]
+    assert [r["process"] for r in stopped["runs"]] == [1] and not stopped["closed"]
+    doc = _search(tmp_path, fault="fits30@0,fits120@*", trials="2")
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'studies' / STUDY / 'study.db'}")
+    stored = study.user_attrs[CONFIRMATIONS_ATTR]
+    assert "1" not in stored  # trial 1 (interrupted) handed its runs to its retry
+    retry = next(t for t in study.get_trials() if t.user_attrs.get("retry_of") == 1)
+    runs = stored[str(retry.number)]["runs"]
+    assert runs[0] == stopped["runs"][0] and [r["process"] for r in runs] == list(range(1, len(runs) + 1))
+    assert not (tmp_path / "studies" / STUDY / "trials" / f"{retry.number:04d}" / "process-1").exists()
+    assert doc["confirmed"] is True and doc["trial"] == retry.number, doc.get("unconfirmed")
+
+
+def test_the_throughput_is_the_fastest_process_at_the_batch_bracket_or_repeat() -> None:
+    """Fresh processes of one config run at one of two speeds on a shared machine (about 29 or 45 samples/s):
+    the fastest process at the batch, of the bracket or the side-by-side repeats, is the config's throughput."""
+    trial = SimpleNamespace(number=3, user_attrs={"status": "ok", "batch_size": 180})
+    runs = [{"process": 1, "batch": 180, "status": "ok", "throughput": 45.0, "peak_device_bytes": 5},
+            {"process": 2, "batch": 181, "status": "infeasible", "peak_device_bytes": 9},
+            {"process": 3, "batch": 180, "status": "ok", "throughput": 29.0, "peak_device_bytes": 5,
+             "side_by_side": True}]
+    got = confirmed_figures(trial, {"3": {"method": METHOD, "runs": runs, "fresh_trial": True, "closed": True}})
+    assert (got["throughput"], got["process"], got["fits"], got["trial_batch"]) == (45.0, 1, 2, None)
+
+
+def test_the_baseline_runs_its_fresh_processes_while_the_screen_simulates(tmp_path: Path, seed_graph) -> None:
+    seed_graph(tmp_path / "studies", STUDY)
+    doc = _search(tmp_path, "--screen-trials", "8", fault="fits120@*,fits30@0", trials="2")
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'studies' / STUDY / 'study.db'}")
+    screen = optuna.load_study(study_name=STUDY + ".simulated",
+                               storage=f"sqlite:///{tmp_path / 'studies' / STUDY / 'study.db'}")
+    base = next(t for t in study.get_trials() if t.user_attrs.get("warm_start"))
+    assert base.datetime_start < max(t.datetime_complete for t in screen.get_trials() if t.datetime_complete)
+    assert doc["baseline"]["batch_size"] == 30 and doc["confirmed"] is True

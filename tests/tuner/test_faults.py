@@ -6,6 +6,11 @@ worker of measured trial N, ``kind@*`` in every other one; ``ok`` returns a
 synthetic result without TensorFlow, so each study takes seconds. Every test
 reports its figures (trials attempted, faults by kind, recorded, lost,
 duplicates) in the terminal summary and asserts lost == 0 and duplicates == 0.
+
+Most tests run trials that are one worker each (``--confirm 0``: the worker
+searches in-process), so a fault hits one worker of one trial; the default
+trial, a bracket of fresh processes (`tuner.confirm`), is tested with each
+fault kind in `test_each_fault_in_a_fresh_process_trial_is_recorded`.
 """
 
 from __future__ import annotations
@@ -34,10 +39,10 @@ EXPECTED_STATUS = {"kill": "killed", "oom": "oom", "hang": "timeout", "raise": "
 REQUEUED = ("interrupted", "machine_error")
 
 
-def _cmd(*extra: str, trials: int = 8) -> list[str]:
+def _cmd(*extra: str, trials: int = 8, confirm: int = 0) -> list[str]:
     return [sys.executable, "-m", "tuner", "search", "--model", TINY_MODEL, "--backend", "emulated",
             "--budget", "1GiB", "--study", STUDY, "--seed", "0", "--trials", str(trials), "--screen-trials", "6",
-            "--timeout", "0", "-q", *extra]
+            "--timeout", "0", "--confirm", str(confirm), "-q", *extra]
 
 
 def _env(fault: str) -> dict[str, str]:
@@ -134,6 +139,44 @@ def test_each_fault_is_recorded_and_the_study_continues(tmp_path: Path, seed_gra
     report_fault_figures("each fault kind", f)
     assert f["lost"] == 0 and f["duplicates"] == 0
     assert time.monotonic() - start < 60
+
+
+def test_each_fault_in_a_fresh_process_trial_is_recorded(tmp_path: Path, seed_graph) -> None:
+    """The default trial (``--confirm 2``) is a bracket of fresh processes: a fault in one of them ends its
+    bracket and gives the trial the same status as an in-process trial's worker would; a machine's fault
+    queues the trial again, whose retry goes on from the processes already run."""
+    seed_graph(tmp_path / "studies", STUDY)
+    proc = subprocess.run(_cmd("--trial-timeout", "3", "--budget", "128MiB", trials=6, confirm=2), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240,
+                          # trial numbers that run a worker at --seed 0 (4 and 7 are sampled repeats of evaluated
+                          # configs, answered from the study; 6 is 5's retry)
+                          env=_env("fits30@0,kill@1,oom@2,hang@3,rofs@5,raise@8,fits120@*"))
+    assert proc.returncode == 0, proc.stderr
+    study = _study(tmp_path)
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    injected: dict[int, str] = {}
+    for events in sorted((tmp_path / "studies" / STUDY / "trials").glob("*/process-*/events.jsonl")):
+        for line in events.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("event") == "fault" and not event["kind"].startswith(("ok", "fits")):
+                injected.setdefault(int(events.parent.parent.name), event["kind"])
+    assert injected == {1: "kill", 2: "oom", 3: "hang", 5: "rofs", 8: "raise"}, injected
+    for number, kind in injected.items():
+        attrs = by_number[number].user_attrs
+        assert attrs["status"] == EXPECTED_STATUS[kind], (number, kind, attrs.get("reason"))
+        assert attrs["reason"] and attrs["fresh_processes"] >= 1, (number, attrs)
+    assert "SIGKILL" in by_number[1].user_attrs["reason"] and "timed out after 3 s" in by_number[3].user_attrs["reason"]
+    assert "model code raised" in by_number[8].user_attrs["reason"]
+    assert by_number[1].user_attrs["fresh_processes"] == 1  # no verdict: the bracket ends there
+    retry = [t for t in by_number.values() if t.user_attrs.get("retry_of") == 5]
+    assert len(retry) == 1 and retry[0].user_attrs["status"] == "ok" and retry[0].user_attrs["batch_size"] == 120
+    runs = study.user_attrs["confirmations"][str(retry[0].number)]["runs"]
+    assert runs[0]["status"] == "error" and runs[0]["process"] == 1  # the machine's fault, kept; then on from it
+    doc = _check_outputs(tmp_path)
+    assert doc["confirmed"] is True and doc["batch_size"] == 120 and doc["baseline"]["batch_size"] == 30
+    f = figures(study, injected)
+    report_fault_figures("each fault kind in a fresh-process trial", f)
+    assert f["lost"] == 0 and f["duplicates"] == 0
 
 
 def test_search_process_killed_mid_trial_is_recovered(tmp_path: Path, seed_graph) -> None:

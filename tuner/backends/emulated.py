@@ -20,12 +20,18 @@ __all__ = ["EmulatedBackend"]
 
 class EmulatedBackend(MeasuredBackend):
     name = "emulated"
-    default_trials = 4
-    # 4 trials of ResNet-50 64x64 take 420-500 s on 2 cores; confirming the largest batch and the baseline with
-    # one batch per fresh process (`tuner.confirm`: 40-50 s and 15-20 s a process, 4-8 each) 300-500 s more
+    # The no-LMS baseline and the screen's pick, each a bracket of fresh processes (`tuner.confirm`; ResNet-50
+    # 64x64 on 2 cores: 15-20 s and 35-50 s a process, 4-6 each), then their repeats side by side; the search
+    # measures the screen's next pick only when the rule keeps no LMS config (`EXTRA_TRIALS`)
+    default_trials = 2
+    # well above the default search's few minutes: the confirmation is budgeted inside it on a busy machine too
     default_timeout_s = 1200.0
     max_image_size = 64
     profiles_op_times = True  # its trials run on this CPU: the simulator times ops as profiled here
+    # the pick's first processes may overlap the baseline's last: memory verdicts do not depend on the load (two
+    # processes at batch 180 run together peaked step for step to the byte as one alone) and the throughput the
+    # recommendation compares is taken again, one process at a time, in the confirmation
+    concurrent_trials = True
     peak_source = "tf-bfc-cpu"
     help = ("simulated screening, then real runs on the CPU with emulated swaps, the budget enforced on "
             "TensorFlow's measured BFC-allocator peak (MEASURED on the emulated device)")

@@ -103,7 +103,10 @@ def default_profile(gpu_info: Mapping[str, Any] | None) -> str:
 
 class GpuBackend(MeasuredBackend):
     name = "gpu"
-    default_trials = 10
+    # the baseline and 3 of the screen's picks, each a bracket of fresh processes (`tuner.confirm`: 3-6
+    # processes of one batch each, every one paying TensorFlow's start and the trace); with --confirm 0 a
+    # trial is one process and more of them are cheap
+    default_trials = 4
     peak_source = "tf-allocator-gpu"
     help = "the same with real runs on the GPU (MEASURED on GPU)"
     tf_device = "/GPU:0"

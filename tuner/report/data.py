@@ -1,5 +1,6 @@
 """The data behind every part of the report: plain DataFrames and frozen dataclasses.
 
+The knob panels are computed in `tuner.report.knob_effects` (re-exported here).
 Nothing here draws (no matplotlib); `tuner.report.plots` draws what this module
 computes, and `tuner.report.html` lays it out. Each function takes what the
 tuner wrote (Optuna trials following the trial-record contract, the
@@ -24,12 +25,13 @@ import pandas as pd
 
 from ..knobs import KNOB_TABLE, KnobTable
 from ..pareto import dominates
+from .knob_effects import KnobEffect, knob_effect, knob_effects, knob_label
 from .provenance import Recommendation, environment_rows, measurement_note
 
 __all__ = [
     "KNOB_COLUMNS", "FAILURE_STATUSES", "Recommendation", "ParetoFront", "KnobEffect",
     "trials_frame", "pareto_mask", "pareto_front", "recommended_trial", "baseline_trial",
-    "knob_effect", "knob_label", "measurement_note", "environment_rows", "trial_table", "prediction_check",
+    "knob_effect", "knob_effects", "knob_label", "measurement_note", "environment_rows", "trial_table", "prediction_check",
     "ReportData", "report_data",
 ]
 
@@ -46,7 +48,8 @@ _RECORD_COLUMNS = ("batch_size", "throughput", "peak_device_bytes", "peak_source
 
 # ---- trials ----------------------------------------------------------------------------------
 
-def trials_frame(trials: Iterable[Any], *, table: KnobTable = KNOB_TABLE) -> pd.DataFrame:
+def trials_frame(trials: Iterable[Any], *, table: KnobTable = KNOB_TABLE,
+                 confirmations: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """One row per Optuna trial (``FrozenTrial``), in trial-number order.
 
     Columns: ``number``, ``state`` (Optuna's, lower case), the record fields,
@@ -54,9 +57,19 @@ def trials_frame(trials: Iterable[Any], *, table: KnobTable = KNOB_TABLE) -> pd.
     params), ``params`` (the searched values, a dict), ``constraint`` (max of the
     constraint values, NaN if none), ``feasible`` (finished, status ``ok`` and no
     constraint above 0), ``lms`` (the config swaps something), ``peak_bytes``
-    (measured or simulated peak, else the predicted one) and
-    ``peak_is_predicted``.
+    (measured or simulated peak, else the predicted one), ``peak_is_predicted``,
+    ``duplicate`` (a repeat of an evaluated config: not counted), ``confirmed``
+    and ``processes`` (see below).
+
+    `confirmations` (the study's user attr ``"confirmations"``, `tuner.bracket`):
+    a trial measured in fresh processes shows the figures the recommendation
+    uses (`tuner.bracket.confirmed_figures`: the bracket's batch, its fastest
+    process's throughput, the highest peak there), so every table and plot
+    agrees with ``recommended.json`` and ``tuner best``; ``confirmed`` marks
+    them and ``processes`` counts their fresh processes.
     """
+    from ..bracket import confirmed_figures
+
     rows: list[dict[str, Any]] = []
     for t in trials:
         attrs = dict(t.user_attrs)
@@ -64,6 +77,12 @@ def trials_frame(trials: Iterable[Any], *, table: KnobTable = KNOB_TABLE) -> pd.
         row: dict[str, Any] = {"number": int(t.number), "state": state}
         for key in _RECORD_COLUMNS:
             row[key] = attrs.get(key)
+        figures = confirmed_figures(t, confirmations) if confirmations and attrs.get("status") == "ok" else None
+        row["confirmed"] = figures is not None
+        row["processes"] = figures["processes"] if figures is not None else None
+        row["duplicate"] = "duplicate_of" in attrs
+        if figures is not None:
+            row.update({k: figures[k] for k in ("batch_size", "throughput", "peak_device_bytes")})
         if row["status"] is None:
             row["status"] = {"complete": "ok", "fail": "error", "pruned": "infeasible"}.get(state, state)
         config = attrs.get("config") if isinstance(attrs.get("config"), Mapping) else {}
@@ -74,12 +93,15 @@ def trials_frame(trials: Iterable[Any], *, table: KnobTable = KNOB_TABLE) -> pd.
         row["params"] = params
         row["constraint"] = _constraint(t, attrs)
         rows.append(row)
-    columns = ["number", "state", *_RECORD_COLUMNS, *table.columns, "config", "params", "constraint"]
+    columns = ["number", "state", *_RECORD_COLUMNS, "confirmed", "processes", "duplicate", *table.columns, "config",
+               "params", "constraint"]
     df = pd.DataFrame(rows, columns=columns)
     for col in ("batch_size", "throughput", "peak_device_bytes", "predicted_peak_bytes",
                 "predicted_throughput", "predicted_batch", "step_time_median_s", "constraint"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     df["measured"] = df["measured"].map(lambda v: bool(v) if v is not None and v == v else False)
+    for col in ("confirmed", "duplicate"):
+        df[col] = df[col].map(lambda v: bool(v) if v is not None and v == v else False)
     df["reason"] = df["reason"].fillna("").astype(str)
     df["status"] = df["status"].astype(str)
     df["feasible"] = ((df["state"] == "complete") & (df["status"] == "ok")
@@ -178,6 +200,7 @@ class ParetoFront:
         n_unplotted: trials with no x value (e.g. failed before a batch was chosen).
         screen: feasible trials of the simulated screening study (``number``,
             ``x``, ``y``; predicted figures), drawn for context; may be empty.
+        screen_configs: how many configs that study simulated (as the search's summary line counts them).
     """
 
     x: str
@@ -189,6 +212,7 @@ class ParetoFront:
     front: pd.DataFrame
     n_unplotted: int
     screen: pd.DataFrame = field(default_factory=lambda: _empty_points())
+    screen_configs: int = 0  # configs the screening study simulated (repeats not counted: the CLI's count)
 
 
 def _empty_points() -> pd.DataFrame:
@@ -227,99 +251,23 @@ def pareto_front(df: pd.DataFrame, *, x: str, maximize_x: bool, x_label: str = "
     }).reset_index(drop=True)
     front = points[points["kind"] == "front"].sort_values(["x", "y"], kind="stable").reset_index(drop=True)
     context = _empty_points()
-    if screen is not None and not screen.empty:
-        ok = screen[screen["feasible"] & screen[x].notna() & screen[y].notna()]
+    configs = int((~screen["duplicate"] & (screen["state"] == "complete")).sum()) if screen is not None else 0
+    if screen is not None and not screen.empty:  # repeats of an evaluated config are not drawn twice
+        ok = screen[screen["feasible"] & ~screen["duplicate"] & screen[x].notna() & screen[y].notna()]
         context = pd.DataFrame({"number": ok["number"].astype(int), "x": ok[x].astype(float),
                                 "y": ok[y].astype(float)}).reset_index(drop=True)
     return ParetoFront(x=x, y=y, x_label=x_label or _AXIS_LABELS.get(x, x), y_label=y_label, maximize_x=maximize_x,
-                       points=points, front=front, n_unplotted=int((~has_x).sum()), screen=context)
+                       points=points, front=front, n_unplotted=int((~has_x).sum()), screen=context,
+                       screen_configs=configs)
 
 
-# ---- knobs --------------------------------------------------------------------------------------
-
-def knob_label(knob: str, value: Any) -> str:
-    """How a knob value reads in the report: ``n_tensors`` -1 is "all", 0 is "0 (off)" (no LMS)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if knob == "n_tensors":
-        value = int(value)
-        return "all" if value == -1 else "0 (off)" if value == 0 else str(value)
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
-def _knob_order(knob: str, value: Any) -> tuple:
-    if knob == "n_tensors" and value is not None and int(value) == -1:
-        return (1, math.inf, "")
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
-        return (0, float(value), "")
-    return (0, math.inf, str(value))
-
-
-@dataclass(frozen=True, eq=False)
-class KnobEffect:
-    """How one knob relates to the outcome over the feasible trials.
-
-    Attributes:
-        knob: the knob's column name.
-        summary: one row per knob value, in display order: ``value``, ``label``,
-            ``position`` (0, 1, ...: the x position in the plot), ``n_trials``,
-            ``batch_median``, ``throughput_median``, ``throughput_max``,
-            ``peak_median``, ``peak_max``.
-        points: the feasible trials: ``number``, ``position``, ``batch_size``,
-            ``throughput``, ``peak_bytes``.
-        n_failed: trials that set this knob but failed (not in `points`).
-    """
-
-    knob: str
-    summary: pd.DataFrame
-    points: pd.DataFrame
-    n_failed: int
-
-
-def knob_effect(df: pd.DataFrame, knob: str, *, lms_only: bool = False) -> KnobEffect:
-    """Per-value medians and maxima of batch, throughput and peak memory for `knob`.
-
-    `lms_only` leaves out trials that swap nothing (``n_tensors == 0``), for
-    knobs that mean nothing without swapping (``lb``, ``fuse_swapins``, ...).
-    """
-    with_knob = df[df[knob].notna()]
-    if lms_only:
-        with_knob = with_knob[with_knob["lms"] == True]  # noqa: E712 (None = unknown)
-    ok = with_knob[with_knob["feasible"]]
-    values = sorted({_hashable(v) for v in ok[knob]}, key=lambda v: _knob_order(knob, v))
-    position = {v: i for i, v in enumerate(values)}
-    rows = []
-    for v in values:
-        group = ok[ok[knob].map(_hashable) == v]
-        rows.append({
-            "value": v, "label": knob_label(knob, v), "position": position[v], "n_trials": len(group),
-            "batch_median": float(group["batch_size"].median()),
-            "throughput_median": float(group["throughput"].median()),
-            "throughput_max": float(group["throughput"].max()),
-            "peak_median": float(group["peak_bytes"].median()),
-            "peak_max": float(group["peak_bytes"].max()),
-        })
-    summary = pd.DataFrame(rows, columns=["value", "label", "position", "n_trials", "batch_median",
-                                          "throughput_median", "throughput_max", "peak_median",
-                                          "peak_max"])
-    points = pd.DataFrame({
-        "number": ok["number"].astype(int), "position": ok[knob].map(lambda v: position[_hashable(v)]),
-        "batch_size": ok["batch_size"], "throughput": ok["throughput"], "peak_bytes": ok["peak_bytes"],
-    }).reset_index(drop=True)
-    return KnobEffect(knob=knob, summary=summary, points=points,
-                      n_failed=int(len(with_knob) - len(ok)))
-
-
-def _hashable(value: Any) -> Any:
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, list):
-        return tuple(value)
-    return value
+def _document_baseline(df: pd.DataFrame, recommendation: "Recommendation | None") -> int | None:
+    """The baseline ``recommended.json`` compares with (its ``baseline.trial``), else `baseline_trial`."""
+    doc = recommendation.document if recommendation is not None else {}
+    number = (doc.get("baseline") or {}).get("trial") if isinstance(doc.get("baseline"), Mapping) else None
+    if isinstance(number, int) and not isinstance(number, bool) and number in set(df["number"]):
+        return number
+    return baseline_trial(df)
 
 
 # ---- the simulator against the measurements --------------------------------------------------------
@@ -434,10 +382,11 @@ def report_data(study_name: str, trials: Iterable[Any], *, study_attrs: Mapping[
     `screen_trials`: trials of the simulated screening study (``screen_name``)
     of a measured search, shown for context next to the measured ones.
     """
-    df = trials_frame(trials, table=table)
+    confirmations = study_attrs.get("confirmations") if isinstance(study_attrs.get("confirmations"), Mapping) else None
+    df = trials_frame(trials, table=table, confirmations=confirmations)
     screen = trials_frame(screen_trials, table=table) if screen_trials is not None else None
     rec_number = recommended_trial(df, recommendation)
-    base_number = baseline_trial(df)
+    base_number = _document_baseline(df, recommendation)
     budget = recommendation.budget_bytes if recommendation is not None else None
     if budget is None:  # the study's own (the search keeps it under "tuner")
         tuner_attrs = study_attrs.get("tuner") if isinstance(study_attrs.get("tuner"), Mapping) else {}
@@ -451,7 +400,7 @@ def report_data(study_name: str, trials: Iterable[Any], *, study_attrs: Mapping[
         pareto_front(df, x="peak_bytes", maximize_x=False, baseline=base_number, recommended=rec_number,
                      screen=screen),
     )
-    knobs = (knob_effect(df, "n_tensors"), knob_effect(df, "lb", lms_only=True))
+    knobs = knob_effects(df, screen=screen, table=table)
     env = environment_rows(study_attrs=study_attrs, recommendation=recommendation, df=df,
                            study_name=study_name)
     device = dict(env).get("device", "")

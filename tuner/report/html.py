@@ -9,126 +9,20 @@ reasons, environment values) goes through `html.escape`.
 
 from __future__ import annotations
 
-import base64
-import html
-import json
 import math
-from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
 from ..knobs import KNOB_TABLE, KnobTable
+from .card import recommendation_section as _recommendation
 from .data import ReportData
+from .markup import (Image, config_knobs as _config_knobs, escape as _e, fmt_bytes, fmt_int, fmt_num, fmt_rate,
+                     img as _img, number as _num, table as _table)
 
 __all__ = ["Image", "render_html", "CSP"]
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
-
-
-@dataclass(frozen=True)
-class Image:
-    """One figure for the page.
-
-    Attributes:
-        key: section it belongs to (``"pareto_batch"``, ``"pareto_memory"``, ``"timeline"``, ``"knobs"``).
-        png: PNG bytes, embedded.
-        alt: text alternative.
-        files: the PNG/SVG files written beside the page (names only).
-        width_px / height_px: pixel size of the PNG.
-    """
-
-    key: str
-    png: bytes
-    alt: str
-    files: tuple[str, ...] = ()
-    width_px: int = 0
-    height_px: int = 0
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _num(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
-
-
-def fmt_bytes(value: Any) -> str:
-    f = _num(value)
-    if f is None:
-        return "–"
-    from tuner.budget import format_bytes
-
-    return format_bytes(f)
-
-
-def fmt_int(value: Any) -> str:
-    f = _num(value)
-    return "–" if f is None else f"{int(round(f)):,}"
-
-
-def fmt_num(value: Any) -> str:
-    """A count or median: ``16`` rather than ``16.0``, one decimal otherwise."""
-    f = _num(value)
-    if f is None:
-        return "–"
-    return f"{int(f):,}" if f.is_integer() else f"{f:,.1f}"
-
-
-def fmt_rate(value: Any) -> str:
-    f = _num(value)
-    if f is None:
-        return "–"
-    return f"{f:,.1f}" if f >= 10 else f"{f:.3g}"
-
-
-def _pct(value: float | None, *, signed: bool = True) -> str:
-    if value is None or math.isnan(value):
-        return "–"
-    return f"{value * 100:+.1f}%" if signed else f"{value * 100:.1f}%"
-
-
-def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, row_classes: Sequence[str] = (),
-           numeric: Sequence[int] = (), cls: str = "") -> str:
-    """A table from already-escaped cell HTML."""
-    head = "".join(f"<th>{h}</th>" for h in headers)
-    body = []
-    for i, row in enumerate(rows):
-        rc = row_classes[i] if i < len(row_classes) and row_classes[i] else ""
-        cells = "".join(f'<td class="num">{c}</td>' if j in numeric else f"<td>{c}</td>"
-                        for j, c in enumerate(row))
-        body.append(f'<tr class="{rc}">{cells}</tr>' if rc else f"<tr>{cells}</tr>")
-    return (f'<table class="{cls}"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table>')
-
-
-def _img(image: Image | None, *, caption: str) -> str:
-    if image is None:
-        return ""
-    data = base64.b64encode(image.png).decode("ascii")
-    size = f' width="{image.width_px}" height="{image.height_px}"' if image.width_px else ""
-    files = ", ".join(f"<code>{_e(f)}</code>" for f in image.files)
-    return (f'<figure><img src="data:image/png;base64,{data}" alt="{_e(image.alt)}"{size}>'
-            f"<figcaption>{caption}{' Files: ' + files + '.' if files else ''}</figcaption></figure>")
-
-
-def _config_knobs(config: Mapping[str, Any], table: KnobTable = KNOB_TABLE) -> str:
-    """``n_tensors=100, lb=5, fuse_swapins=true``: the knobs shown always (n_tensors, lb), other fields where
-    they differ from the config's defaults (``n_tensors=0``: LMS off, nothing else matters)."""
-    if config.get("n_tensors") == 0:
-        return "n_tensors=0 (LMS off)"
-    defaults = table.config_cls().to_dict()
-    always = table.always_shown
-    shown = [f"{k}={json.dumps(v)}" + (" (all)" if k == "n_tensors" and v == -1 else "")
-             for k, v in config.items() if k in always or defaults.get(k, object()) != v]
-    return ", ".join(shown)
 
 
 # ---- sections ----------------------------------------------------------------------------------
@@ -160,71 +54,6 @@ def _prediction_check(data: ReportData) -> str:
     table = _table(["trial", "predicted batch", "measured batch", "ratio", "predicted samples/s",
                     "measured samples/s", "ratio"], rows, numeric=(1, 2, 3, 4, 5, 6))
     return f'<details id="prediction"><summary>{_e(summary)}.</summary>{table}</details>'
-
-
-def _recommendation(data: ReportData) -> str:
-    rec = data.recommendation
-    if rec is None:
-        failures = data.trials[~data.trials["feasible"]]
-        counts = failures["status"].value_counts()
-        reasons = failures["reason"][failures["reason"] != ""].value_counts().head(3)
-        lines = "".join(f"<li>{_e(k)}: {int(v)} trials</li>" for k, v in counts.items())
-        why = "".join(f"<li><code>{_e(k)}</code> ({int(v)}×)</li>" for k, v in reasons.items())
-        return ('<section id="recommendation" class="box none"><h2>No recommendation</h2>'
-                "<p>No trial produced a configuration that fits the budget, so there is no "
-                "<code>recommended.json</code> yet.</p>"
-                + (f"<ul>{lines}</ul>" if lines else "")
-                + (f"<p>Most common reasons:</p><ul>{why}</ul>" if why else "") + "</section>")
-    base = data.row(data.baseline_trial)
-    figures = []
-    batch_vs = ""
-    tput_vs = ""
-    if base is not None and _num(base.get("batch_size")):
-        ratio = rec.batch_size / float(base["batch_size"])
-        batch_vs = f"{ratio:.2f}× the no-LMS maximum of {fmt_int(base['batch_size'])}"
-        if rec.throughput is not None and _num(base.get("throughput")):
-            change = rec.throughput / float(base["throughput"]) - 1.0
-            tput_vs = f"{_pct(change)} vs no LMS at batch {fmt_int(base['batch_size'])}"
-    elif base is None:
-        batch_vs = "no no-LMS baseline trial in this study"
-    figures.append(("batch size", fmt_int(rec.batch_size), batch_vs))
-    figures.append(("throughput", f"{fmt_rate(rec.throughput)} samples/s", tput_vs))
-    figures.append(("peak device memory", fmt_bytes(rec.peak_device_bytes),
-                    f"{fmt_int(rec.peak_device_bytes)} bytes" if rec.peak_device_bytes is not None else ""))
-    if rec.headroom_bytes is not None:
-        figures.append(("headroom", fmt_bytes(rec.headroom_bytes),
-                        f"{_pct(rec.headroom_fraction, signed=False)} of the {fmt_bytes(rec.budget_bytes)} budget"))
-    else:
-        figures.append(("headroom", "–", "budget or peak unknown"))
-    cells = "".join(f'<div class="fig"><div class="label">{_e(label)}</div><div class="value">{_e(value)}</div>'
-                    f'<div class="detail">{_e(detail)}</div></div>' for label, value, detail in figures)
-    kind = rec.source or ("measured" if rec.measured else "predicted (simulator)")
-    trial = f"trial #{data.recommended_trial}" if data.recommended_trial is not None else "trial not found in the study"
-    warnings = []
-    if not rec.measured:
-        warnings.append("These figures are predictions: confirm with a measured run before relying on the batch size.")
-    if rec.headroom_fraction is not None and rec.headroom_fraction < 0.02:
-        warnings.append("Less than 2% headroom: fragmentation or a different input size may run out of memory.")
-    if rec.headroom_bytes is not None and rec.headroom_bytes < 0:
-        warnings.append("The recorded peak is above the budget.")
-    warn = "".join(f'<p class="warn">{_e(w)}</p>' for w in warnings)
-    about = []
-    if rec.selection:
-        about.append(f"Chosen as the {rec.selection}.")
-    about += list(rec.notes)
-    about_html = "".join(f'<p class="note">{_e(a)}</p>' for a in about)
-    path = json.dumps(data.recommendation_path)
-    code = (f"import lms\n"
-            f"cfg = lms.LMSConfig.load({path})\n"
-            f"step = lms.function(train_step, config=cfg)  # train with batch size {rec.batch_size}")
-    config_json = json.dumps(dict(rec.config), indent=2)
-    return (f'<section id="recommendation" class="box"><h2>Recommendation</h2>'
-            f'<p class="kind">{_e(trial)} · backend {_e(rec.backend or "–")} · <strong>{_e(kind)}</strong> · '
-            f"knobs: <code>{_e(_config_knobs(rec.config, data.knob_table))}</code></p>"
-            f'<div class="figs">{cells}</div>{warn}{about_html}'
-            f"<p>Load and use it in a training script:</p><pre><code>{_e(code)}</code></pre>"
-            f"<details><summary>Full configuration</summary><pre><code>{_e(config_json)}</code></pre></details>"
-            "</section>")
 
 
 def _front_table(data: ReportData) -> str:
@@ -332,7 +161,10 @@ def _op_order(data: ReportData) -> str:
                    cls="schedule")
     about = (f"Candidates scored by lms.schedule at batch {sched.scoring_batch}: the PREDICTED peak of the order "
              "TF's executor runs with each candidate's pins, under the scheduler's liveness model (no "
-             "temporaries; the timeline above adds them), lowest first.")
+             "temporaries; the timeline above adds them), lowest first. That batch is the smallest at which the "
+             "per-sample tensors outweigh the fixed ones (weights, optimizer slots) several times, where the "
+             "order matters (at the traced batch every order peaks alike); the order chosen there is the one "
+             "pinned at every batch, so the peaks here are not those of the recommended batch.")
     return (f'<div id="schedule"><h3>Op order: scheduler {_e(sched.chosen)}, pinned</h3>'
             f'{table}<p class="note">{_e(about)}</p></div>{no_recompute}')
 
@@ -401,13 +233,17 @@ def _knobs(data: ReportData, images: Mapping[str, Image]) -> str:
             continue
         rows = [[_e(r.label), fmt_int(r.n_trials), fmt_num(r.batch_median), fmt_rate(r.throughput_median),
                  fmt_rate(r.throughput_max), fmt_bytes(r.peak_median)] for r in s.itertuples()]
-        scope = " (trials that swap)" if effect.knob != "n_tensors" else ""
+        scope = (" (trials that swap)" if effect.knob != "n_tensors" else "") + (", PREDICTED" if effect.predicted
+                                                                                  else "")
         parts.append(f"<div><h3>{_e(effect.knob)}{scope}</h3>" + _table(
             [_e(effect.knob), "trials", "median batch", "median samples/s", "best samples/s", "median peak"],
             rows, numeric=(1, 2, 3, 4, 5), cls="knob") + "</div>")
-    caption = ("Each dot is a feasible trial (spread sideways a little so equal values stay visible); the "
-               "bar is the median per knob value. n_tensors: how many candidate tensors are swapped "
-               "(all = every candidate); lb: how many levels before its consumer a swap-in starts.")
+    predicted = any(e.predicted for e in data.knobs)
+    caption = ("Each dot is a " + ("feasible trial of the simulated screening study (PREDICTED figures: too few "
+                                   "configs were measured to show the knobs)" if predicted else "feasible trial")
+               + " (spread sideways a little so equal values stay visible); the bar is the median per knob value. "
+               "n_tensors: how many candidate tensors are swapped (all = every candidate); the other panels: the "
+               "knobs that took more than one value (" + ", ".join(e.knob for e in data.knobs[1:]) + ").")
     return ('<section id="knobs"><h2>How the knobs matter</h2>'
             f'{_img(images.get("knobs"), caption=_e(caption))}<div class="pair">{"".join(parts)}</div></section>')
 

@@ -24,7 +24,7 @@ except ImportError as exc:  # pragma: no cover - matplotlib is a dependency of t
 
 import pandas as pd
 
-from ..budget import byte_unit
+from ..budget import byte_unit, format_bytes
 
 if TYPE_CHECKING:
     from .data import KnobEffect, ParetoFront
@@ -109,7 +109,9 @@ def plot_pareto(front: "ParetoFront", *, budget_bytes: int | None = None, x_in_b
 
     if len(front.screen):
         ax.scatter(front.screen["x"] / scale, front.screen["y"], s=22, facecolors="none", edgecolors=SCREEN,
-                   linewidths=0.8, label=f"simulated screening ({len(front.screen)}, predicted)", zorder=1)
+                   linewidths=0.8, zorder=1,
+                   label=(f"simulated screening ({front.screen_configs or len(front.screen)} configs, "
+                          f"{len(front.screen)} fit; predicted)"))
     dominated = pts["kind"] == "dominated"
     ax.scatter(xs[dominated], ys[dominated], s=28, color=DOMINATED, alpha=0.8, linewidths=0,
                label="dominated (feasible)", zorder=2)
@@ -140,10 +142,11 @@ def plot_pareto(front: "ParetoFront", *, budget_bytes: int | None = None, x_in_b
                    linewidths=0.8, label="recommended", zorder=6)
     if x_in_bytes and budget_bytes:
         ax.axvline(budget_bytes / scale, color=BUDGET, linestyle="--", linewidth=1.3,
-                   label=f"budget {budget_bytes / scale:.3g} {unit}", zorder=1)
+                   label=f"budget {format_bytes(budget_bytes)}", zorder=1)
     if failed.any() and not (ys[failed] > 0).all():
         ax.axhline(0, color="#cccccc", linewidth=0.8, zorder=1)
-    ax.set_ylim(bottom=min(strip * 1.6, 0) if failed.any() else 0)
+    # room above the highest point: the big baseline / recommended markers are not cut at the top edge
+    ax.set_ylim(bottom=min(strip * 1.6, 0) if failed.any() else 0, top=(ymax if ymax > 0 else 1.0) * 1.12)
     if not x_in_bytes:
         finite = pd.concat([xs, front.screen["x"] / scale]).dropna()
         ax.set_xlim(0, float(finite.max()) * 1.1 if len(finite) and finite.max() > 0 else 1)
@@ -200,7 +203,8 @@ def plot_knobs(effects: Sequence["KnobEffect"], *, budget_bytes: int | None = No
             if row == len(_KNOB_METRICS) - 1:
                 ax.set_xlabel(effect.knob)
             if row == 0:
-                title = effect.knob + (f"  ({_trials(effect.n_failed)} failed, not shown)" if effect.n_failed else "")
+                title = (effect.knob + (" (screening, PREDICTED)" if effect.predicted else "")
+                         + (f"  ({_trials(effect.n_failed)} failed, not shown)" if effect.n_failed else ""))
                 ax.set_title(title, fontsize=10, loc="left")
             if not len(points):
                 ax.text(0.5, 0.5, "no feasible trials", transform=ax.transAxes, ha="center", va="center",
@@ -240,7 +244,7 @@ def plot_timeline(timeline: "Timeline", *, budget_bytes: int | None = None) -> F
         color = color_of[s.label] = colors[i % len(colors)]
         ax.plot(s.time_s * k, s.device_bytes / scale, drawstyle="steps-post", color=color, linewidth=1.5,
                 linestyle=styles.get(s.source, "-"),
-                label=f"{s.label} ({s.source}, batch {s.batch_size}): peak {s.peak_bytes / scale:.3g} {unit}",
+                label=f"{s.label} ({s.source}, batch {s.batch_size}): peak {format_bytes(s.peak_bytes)}",
                 zorder=3)
         ax.scatter([s.peak_time_s * k], [s.peak_bytes / scale], color=color, s=30, zorder=4)
         if s.forward_end_s is not None:
@@ -253,10 +257,9 @@ def plot_timeline(timeline: "Timeline", *, budget_bytes: int | None = None) -> F
                 marked.append(s.forward_end_s)
     if budget_bytes and budget_on_scale:
         ax.axhline(budget_bytes / scale, color=BUDGET, linestyle="--", linewidth=1.3,
-                   label=f"budget {budget_bytes / scale:.3g} {unit}", zorder=1)
+                   label=f"budget {format_bytes(budget_bytes)}", zorder=1)
     elif budget_bytes:
-        b_scale, b_unit = byte_unit(budget_bytes)
-        ax.plot([], [], color=BUDGET, linestyle="--", label=f"budget {budget_bytes / b_scale:.3g} {b_unit} (above the plot)")
+        ax.plot([], [], color=BUDGET, linestyle="--", label=f"budget {format_bytes(budget_bytes)} (above the plot)")
     ax.set_ylim(bottom=0, top=max(highest, budget_bytes or 0 if budget_on_scale else 0) / scale * 1.12)
     ax.set_ylabel(f"device memory ({unit})")
     ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncols=2, frameon=False)  # above: hides nothing
@@ -266,10 +269,11 @@ def plot_timeline(timeline: "Timeline", *, budget_bytes: int | None = None) -> F
         strip.set_yticks([0.5, 1.5], ["swap-in", "swap-out"], fontsize=7)
         strip.set_ylim(0, 2)
         strip.tick_params(axis="y", length=0)
+        span = max((float(x.time_s[-1]) for x in series if len(x.time_s)), default=0.0)
         for events, y, color in ((s.swap_outs, 1, SWAP_OUT), (s.swap_ins, 0, SWAP_IN)):
-            if events:  # white edges keep back-to-back copies on one engine apart
-                strip.broken_barh([(e.start_s * k, max(e.end_s - e.start_s, 0.0) * k) for e in events],
-                                  (y + 0.15, 0.7), facecolors=color, edgecolors="white", linewidth=0.6)
+            if events:  # each copy at least 0.2% of the step wide, no edges: hundreds of short copies stay visible
+                strip.broken_barh([(e.start_s * k, max(e.end_s - e.start_s, 0.002 * span) * k) for e in events],
+                                  (y + 0.1, 0.8), facecolors=color, edgecolors="none", alpha=0.85)
         strip.set_title(f"{s.label} ({s.source}): {len(s.swap_outs)} swap-outs, {len(s.swap_ins)} swap-ins",
                         fontsize=8, loc="left", color=color_of[s.label])
         if s.forward_end_s is not None:
