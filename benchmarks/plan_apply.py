@@ -9,10 +9,17 @@ after the step's Python code has built the graph, LMS times its three phases
 - plan: `lms.plan_swaps` + `lms.tf.apply.anchor_triggers` + `SwapPlan.validate`,
 - apply: `lms.tf.apply.apply_plan` (insert swap ops, reroute, add triggers),
 - schedule: for configs that pin an order (``schedule="memory"``, ``sync_mode``,
-  ``serialization``): `lms.schedule.schedule_ops` + `lms.tf.pin.apply_schedule`.
+  ``serialization``): `lms.schedule.schedule_ops` + `lms.tf.pin.apply_schedule`,
+- check: `lms.tf.equivalence.ensure_equivalent` (Grappler run offline on the step
+  without and with LMS, compared), timed apart: ``check_s`` is the first trace of
+  each config with nothing cached (the step without LMS is optimized once per
+  config here: the caches are emptied before each config), ``check_cached_s`` a
+  later trace of the same config (the verdict remembered; what a second ``fit``
+  trace, a restarted script or a tuner trial of a known config pays).
 
-Target: plan + apply + schedule <= 1 s. A plain ``tf.function`` trace of the same step
-is timed too (the first trace, which LMS adds its phases to).
+Target: plan + apply + schedule <= 1 s, and the check within it or cached. A plain
+``tf.function`` trace of the same step is timed too (the first trace, which LMS
+adds its phases to).
 
 ``--whole`` also runs the first call of each memory-scheduled step, which on this
 CPU pins the step whole (`lms.tf.exact`): a dry run that instantiates the traced
@@ -63,6 +70,21 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+_CACHE_DIRS: list[Any] = []
+
+
+def _forget_checks() -> None:
+    """Empty the equivalence check's caches (this process's and the disk's: a temporary folder)."""
+    import tempfile
+
+    from lms.tf.equivalence import clear_cache
+
+    folder = tempfile.TemporaryDirectory(prefix="lms-bench-cache-")  # removed when the run ends
+    _CACHE_DIRS.append(folder)
+    os.environ["LMS_CACHE_DIR"] = folder.name
+    clear_cache()
+
+
 def _build(image_size: int) -> tuple[Any, Any, Any]:
     import keras
 
@@ -100,6 +122,7 @@ def run(*, image_size: int, batch: int, emulate: bool, repeats: int,
         if configs is not None and label not in configs:
             continue
         runs = []
+        _forget_checks()
         for _ in range(repeats):
             gc.collect()
             step = lms.function(make_train_step(model, loss_fn, optimizer), config=lms.LMSConfig(**fields),
@@ -109,8 +132,11 @@ def run(*, image_size: int, batch: int, emulate: bool, repeats: int,
             runs.append({**step.timings, "trace_s": time.perf_counter() - start})
         for r in runs:
             r.setdefault("schedule_s", 0.0)
+            r.setdefault("check_s", 0.0)
             r["plan_plus_apply_s"] = r["plan_s"] + r["apply_s"] + r["schedule_s"]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        med["check_s"] = runs[0]["check_s"]  # nothing cached: the first trace
+        med["check_cached_s"] = statistics.median(r["check_s"] for r in runs[1:]) if len(runs) > 1 else None
         plan = step.plan
         pinned: dict[str, Any] = {}
         if whole and fields.get("schedule") == "memory":  # the last trace's first call
@@ -126,6 +152,7 @@ def run(*, image_size: int, batch: int, emulate: bool, repeats: int,
             "n_swapped": plan.n_swapped, "n_swap_ins": plan.n_swap_ins,
             "swapped_mib": plan.swapped_bytes / 2**20, "inserted_ops": len(step.applied.inserted_ops),
             "n_recomputed": plan.n_recomputed, "recomputed_mib": plan.recomputed_bytes / 2**20,
+            "n_corrections": len(step.summary.corrections),
         })
 
     return {
@@ -145,19 +172,24 @@ def _print(result: dict[str, Any]) -> None:
           f"plain tf.function trace {result['plain_trace_s']:.1f} s")
     print(f"medians of {result['repeats']} traces per config")
     print(f"{'config':42s} {'swapped':>7s} {'MiB':>6s} {'ops':>5s} {'extract':>8s} {'plan':>7s} {'apply':>7s} "
-          f"{'schedule':>8s} {'plan+apply':>10s} {'(min-max)':>11s} {'trace':>7s}")
+          f"{'schedule':>8s} {'plan+apply':>10s} {'(min-max)':>11s} {'trace':>7s} {'check':>7s} {'cached':>7s}")
     for r in result["configs"]:
         ok = "ok" if r["plan_plus_apply_s"] <= TARGET_S else "OVER TARGET"
         print(f"{r['config']:42s} {r['n_swapped']:7d} {r['swapped_mib']:6.0f} {r['inserted_ops']:5d} "
               f"{r['extract_s']:7.2f}s {r['plan_s']:6.2f}s {r['apply_s']:6.2f}s {r['schedule_s']:7.2f}s "
               f"{r['plan_plus_apply_s']:9.2f}s "
-              f"({r['plan_plus_apply_min_s']:.2f}-{r['plan_plus_apply_max_s']:.2f}) {r['trace_s']:6.1f}s  {ok}")
+              f"({r['plan_plus_apply_min_s']:.2f}-{r['plan_plus_apply_max_s']:.2f}) {r['trace_s']:6.1f}s "
+              f"{r['check_s']:6.2f}s {_seconds(r['check_cached_s'])}  {ok}")
     for r in result["configs"]:
         if "first_call_s" in r:
             what = (f"pinned whole: capture {r['whole_capture_s']:.2f} s, rebuild {r['whole_rebuild_s']:.2f} s, "
                     f"check {r['whole_verify_s']:.2f} s" if r["pinned_whole"] else f"not pinned whole: {r['whole_reason']}")
             print(f"{r['config']:42s} first call {r['first_call_s']:.1f} s (plain tf.function "
                   f"{result['plain_first_call_s']:.1f} s); {what}")
+
+
+def _seconds(value: float | None) -> str:
+    return "      -" if value is None else f"{value:6.2f}s"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from .graph import Graph, Role
+from .graph import SHAPE_ONLY_TYPES, Graph, Role
 from .plan import SWAP_IN_TYPE, SWAP_OUT_TYPE, Swap, SwapIn, SwapPlan
-from .recompute import GATE_TYPE, is_gate_op_name
+from .recompute import GATE_TYPE, is_gate_op_name, is_recompute_op_name
 
-__all__ = ["anchor_triggers", "anchored_trigger", "pinnable_ops", "trigger_ops", "merged_pairs", "REWRITABLE_TYPES",
+__all__ = ["anchor_triggers", "anchored_trigger", "alternative_trigger", "pinnable_ops", "trigger_ops", "merged_pairs", "REWRITABLE_TYPES",
            "MERGED_SIBLING_TYPES"]
 
 
@@ -94,7 +94,7 @@ def anchor_triggers(graph: Graph, plan: SwapPlan) -> SwapPlan:
     changed = False
     swaps: list[Swap] = []
     for swap in plan.swaps:
-        forward = [r for r in graph.data_consumers(swap.tensor) if graph.ops[r].role is Role.FORWARD]
+        forward = [r for r in graph.live_readers(swap.tensor) if graph.ops[r].role is Role.FORWARD]
         near = [r for r in forward if r not in swap.consumers]  # still read the original
         ins: list[SwapIn] = []
         for si in swap.swap_ins:
@@ -131,12 +131,53 @@ def anchored_trigger(graph: Graph, trigger: str, tensor: str, *, backward: bool 
     levels = graph.levels
     if backward and graph.forward_end is not None and levels[anchor] <= levels[graph.forward_end]:
         return trigger
-    forward = [r for r in graph.data_consumers(tensor) if graph.ops[r].role is Role.FORWARD]
+    forward = [r for r in graph.live_readers(tensor) if graph.ops[r].role is Role.FORWARD]
     return anchor if all(graph.is_ancestor(r, anchor) for r in forward) else trigger
 
 
+def alternative_trigger(graph: Graph, trigger: str, tensor: str, consumers: tuple[str, ...], *,
+                        avoid: frozenset[str] = frozenset()) -> str | None:
+    """Another trigger for a swap-in (or a recompute gate) of `tensor` serving `consumers`, or None.
+
+    The op nearest in level to `trigger` (earlier ones first) that the planner
+    could have taken: an ancestor of the first consumer (so the edge cannot
+    close a cycle) of the same role, run by TensorFlow, safe (`_safe_trigger`),
+    neither a shape read nor a clone, after every forward reader of `tensor`
+    (a forward swap-in: after the readers of the original) and, for backward
+    consumers, deeper than `Graph.forward_end`; not `trigger` and not in `avoid`
+    (triggers found to change a Grappler rewrite: `lms.tf.equivalence`).
+    """
+    if trigger not in graph.ops:
+        return None
+    levels = graph.levels
+    first = min(consumers, key=levels.__getitem__)
+    backward = graph.ops[first].role is Role.BACKWARD
+    forward = [r for r in graph.live_readers(tensor) if graph.ops[r].role is Role.FORWARD]
+    after = forward if backward else [r for r in forward if r not in consumers]
+    end = graph.forward_end
+    floor = levels[end] if backward and end is not None else -1
+    role = graph.ops[trigger].role
+
+    def valid(name: str) -> bool:
+        op = graph.ops[name]
+        return (name != trigger and name not in avoid and op.role is role and op.live and bool(op.inputs)
+                and op.type not in SHAPE_ONLY_TYPES and not is_recompute_op_name(name) and name not in consumers
+                and _safe_trigger(graph, name) and graph.is_ancestor(name, first)
+                and all(graph.is_ancestor(r, name) for r in after))
+
+    start = levels[trigger]
+    order = [*range(start, floor, -1), *range(start + 1, levels[first])]
+    for level in order:
+        found = [n for n in graph.ops_by_level.get(level, ()) if valid(n)]
+        if found:
+            return max(found, key=graph._position.__getitem__)  # noqa: SLF001
+    return None
+
+
 def _readers(graph: Graph, op: str) -> int:
-    return len({c for t in graph.ops[op].outputs for c in graph.data_consumers(t)})
+    """Readers of `op`'s outputs that TensorFlow runs (a pruned reader does not count: Grappler folds
+    ``mul_1`` of ``mul_1 / 10`` into the division once the gradient of the constant 10 is gone)."""
+    return len({c for t in graph.ops[op].outputs for c in graph.live_readers(t)})
 
 
 def _safe_trigger(graph: Graph, op: str) -> bool:
@@ -157,7 +198,8 @@ def _anchor(graph: Graph, trigger: str, position: dict[str, int]) -> str:
         parents: list[str] = []
         for op in layer:
             for p in graph.ops[op].input_ops:
-                if p not in seen and p in graph.ops and graph.ops[p].role is role and graph.ops[p].inputs:
+                if (p not in seen and p in graph.ops and graph.ops[p].role is role and graph.ops[p].inputs
+                        and graph.ops[p].live):
                     seen.add(p)
                     parents.append(p)
         safe = [p for p in parents if _safe_trigger(graph, p)]
@@ -224,7 +266,7 @@ def pinnable_ops(graph: Graph) -> frozenset[str]:
             out.add(op.name)
             continue
         if (op.type in REWRITABLE_TYPES or op.type in _UNPINNABLE_TYPES or op.name in merged
-                or not (op.inputs or op.control_inputs)):
+                or not (op.inputs or op.control_inputs) or not op.live):
             continue
         if op.outputs and not any(graph.consumers(t) for t in op.outputs) and not graph.control_outputs(op.name):
             continue
@@ -288,7 +330,8 @@ def trigger_ops(graph: Graph, *, pinnable: frozenset[str] | None = None) -> froz
     out = set(pinnable)
     for op in graph.ops.values():
         if (op.name in out or op.role is not Role.BACKWARD or op.type in _UNPINNABLE_TYPES
-                or op.name in static or op.name in merged or not op.inputs or _may_vanish(graph, op)):
+                or op.name in static or op.name in merged or not op.inputs or _may_vanish(graph, op)
+                or not op.live):
             continue
         if not any(graph.consumers(t) for t in op.outputs):
             continue

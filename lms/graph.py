@@ -19,6 +19,7 @@ Conventions:
 from __future__ import annotations
 
 import enum
+import hashlib
 import heapq
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -132,6 +133,11 @@ class Op:
         grad_of: for backward ops, the forward op whose gradient this op helps
             compute (``None`` if unknown). Used by the ``chain_rule`` strategy.
         device: placement, as the framework spelled it (may be empty).
+        live: False for an op whose results nothing uses: no output of the step
+            and no op that must run (a variable update, a metric) depends on it,
+            so TensorFlow prunes it before running the step (a frozen layer's
+            filter gradient, the gradient of a constant divisor). The planners
+            neither swap for it nor take it as a trigger. True when unknown.
     """
 
     name: str
@@ -142,6 +148,7 @@ class Op:
     outputs: tuple[str, ...] = ()
     grad_of: str | None = None
     device: str = ""
+    live: bool = True
 
     @property
     def scope(self) -> str:
@@ -227,6 +234,10 @@ class Graph:
 
     def control_outputs(self, op: str) -> tuple[str, ...]:
         return self._index.control_outputs.get(op, ())
+
+    def live_readers(self, tensor: str) -> tuple[str, ...]:
+        """Data consumers of `tensor` that TensorFlow runs (`Op.live`)."""
+        return tuple(c for c in self.data_consumers(tensor) if self.ops[c].live)
 
     def predecessors(self, op: str) -> tuple[str, ...]:
         """Producers of `op`'s inputs, then its control inputs, each once."""
@@ -350,6 +361,23 @@ class Graph:
             return False
         return bool((self._descendants[ancestor] >> self._position[op]) & 1)
 
+    def fingerprint(self, roles: Iterable[Role] = (Role.FORWARD, Role.BACKWARD)) -> str:
+        """A digest of the ops of `roles` (names, types, edges, liveness, output specs) and the batch.
+
+        Two traces of one training step have the same forward and backward ops
+        (Keras traces ``train_step`` twice under ``fit``: the first trace also
+        creates the optimizer's variables), so a plan made for one applies to the other.
+        """
+        wanted = set(roles)
+        h = hashlib.sha1(f"{self.batch_size}".encode())
+        for op in self.ops.values():
+            if op.role in wanted:
+                specs = tuple((t, self.tensors[t].dtype, self.tensors[t].shape, self.tensors[t].fixed_bytes,
+                               self.tensors[t].per_sample_bytes) for t in op.outputs)
+                h.update(repr((op.name, op.type, op.role.value, op.inputs, op.control_inputs, op.live, op.grad_of,
+                               specs)).encode())
+        return h.hexdigest()
+
     # ---- lint --------------------------------------------------------------------
     def lint(self) -> None:
         """Check references, roles and acyclicity; raise `GraphError` on the first problem."""
@@ -386,7 +414,7 @@ class Graph:
             "ops": [
                 {"name": o.name, "type": o.type, "role": o.role.value, "inputs": list(o.inputs),
                  "control_inputs": list(o.control_inputs), "outputs": list(o.outputs),
-                 "grad_of": o.grad_of, "device": o.device}
+                 "grad_of": o.grad_of, "device": o.device, **({} if o.live else {"live": False})}
                 for o in self.ops.values()
             ],
             "tensors": [
@@ -402,7 +430,7 @@ class Graph:
         ops = [
             Op(name=o["name"], type=o["type"], role=Role(o["role"]), inputs=tuple(o["inputs"]),
                control_inputs=tuple(o["control_inputs"]), outputs=tuple(o["outputs"]),
-               grad_of=o.get("grad_of"), device=o.get("device", ""))
+               grad_of=o.get("grad_of"), device=o.get("device", ""), live=o.get("live", True))
             for o in data["ops"]
         ]
         tensors = [

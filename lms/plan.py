@@ -285,7 +285,7 @@ def _rewrite_swaps(graph: Graph, plan: SwapPlan) -> Graph:
             op = Op(name=op.name, type=op.type, role=op.role,
                     inputs=tuple(mapping.get(t, t) for t in op.inputs),
                     control_inputs=op.control_inputs, outputs=op.outputs,
-                    grad_of=op.grad_of, device=op.device)
+                    grad_of=op.grad_of, device=op.device, live=op.live)
         ops.append(op)
         ops.extend(insert_after.get(op.name, ()))
     return Graph(ops, [*graph.tensors.values(), *new_tensors],

@@ -1,8 +1,13 @@
 """`plan_swaps(graph, config) -> SwapPlan`: decide what to swap and when. No TensorFlow.
 
 Candidates (as in TFLMS): outputs of forward ops that backward ops read through
-a data edge. Shape-only readers (``Shape``, ``ShapeN``, ...) do not count.
-Skipped: tensors of rank <= 1 or unknown rank, empty tensors, outputs of cheap
+a data edge. Shape-only readers (``Shape``, ``ShapeN``, ...) do not count, nor
+do readers TensorFlow prunes (`lms.graph.Op.live`: a frozen layer's filter
+gradient, the gradient of a constant): a tensor only they read is not swapped,
+and they keep reading the original.
+Skipped: a While loop's TensorList accumulators (`LOOP_ACCUMULATOR_REASON`:
+recurrent layers; tensors outside the loop are candidates like any other),
+tensors of rank <= 1 or unknown rank, empty tensors, outputs of cheap
 or stateful producers (`SKIPPED_PRODUCER_TYPES`; a view is swapped after all
 when the backward pass reads its computed source only through it, e.g. the
 ``Reshape`` of a ``Tensordot``'s ``Transpose``: `_view_holds_its_source`), tensors outside
@@ -35,6 +40,10 @@ forward reader of the tensor, so it surely runs after the tensor's forward use (
 always has a lower level than ``c``, so it can never depend on ``c``: no plan
 creates a cycle.
 
+A backward reader that Grappler rewrites together with the tensor's producer
+(``MatMul(Transpose(x), y)`` reads ``x`` with ``transpose_a``: `lms.rewrites.hides_rewrite`)
+keeps reading the original: a swap-in in between would change its arithmetic.
+
 ``fuse_swapins``: consumers of one tensor whose levels are within ``lb`` of the
 previous consumer share one swap-in (its own swap-in would be triggered before
 the previous consumer runs, so the copies would coexist anyway).
@@ -65,8 +74,9 @@ from .config import LMSConfig
 from .graph import SHAPE_ONLY_TYPES, Graph, Role
 from .plan import Skip, Swap, SwapIn, SwapPlan, swap_op_name
 from .recompute import is_recompute_op_name
+from .rewrites import hides_rewrite
 
-__all__ = ["plan_swaps", "find_candidates", "SKIPPED_PRODUCER_TYPES"]
+__all__ = ["plan_swaps", "find_candidates", "SKIPPED_PRODUCER_TYPES", "LOOP_ACCUMULATOR_REASON"]
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +118,11 @@ def find_candidates(graph: Graph, config: LMSConfig) -> tuple[list[str], list[Sk
             readers = graph.data_consumers(t)
             if not any(graph.ops[r].role is Role.BACKWARD for r in readers):
                 continue
-            reason = _rejection(graph, config, t, readers)
+            if not any(graph.ops[r].role is Role.BACKWARD for r in graph.live_readers(t)):
+                skipped.append(Skip(t, "read only by backward ops TensorFlow prunes (nothing uses their results, "
+                                       "e.g. a frozen layer's gradient)"))
+                continue
+            reason = _rejection(graph, config, t, graph.live_readers(t))
             if reason:
                 skipped.append(Skip(t, reason))
             else:
@@ -142,9 +156,19 @@ def _warn_unmatched_filters(graph: Graph, config: LMSConfig) -> None:
                         ", ".join(repr(u) for u in unmatched), graph.name, effect)
 
 
+# A recurrent layer (Keras' LSTM, GRU, SimpleRNN without cuDNN) runs a While loop that keeps the activations of
+# every step for the backward loop in TensorLists: variant tensors, whose contents a graph rewrite outside the
+# loop cannot move (an emulated swap op cannot copy a variant; a device identity copies the list, not its storage).
+LOOP_ACCUMULATOR_REASON = ("a While loop's accumulator (a recurrent layer's activations of every step, one "
+                           "TensorList): graph rewriting outside the loop cannot swap it")
+_LOOP_TYPES = frozenset({"While", "StatelessWhile"})
+
+
 def _rejection(graph: Graph, config: LMSConfig, tensor: str, readers: Iterable[str]) -> str:
     op = graph.producer(tensor)
     spec = graph.tensors[tensor]
+    if op.type in _LOOP_TYPES and spec.dtype == "variant":
+        return LOOP_ACCUMULATOR_REASON
     if op.type in SKIPPED_PRODUCER_TYPES and not _view_holds_its_source(graph, tensor):
         return f"producer type {op.type} is not worth swapping"
     if spec.rank is None or spec.rank <= 1:
@@ -184,7 +208,7 @@ def _view_holds_its_source(graph: Graph, tensor: str) -> bool:
         if op.type not in _VIEW_TYPES or not op.inputs:
             break
         t = op.inputs[0]
-        if any(graph.ops[r].role is Role.BACKWARD for r in graph.data_consumers(t)):
+        if any(graph.ops[r].role is Role.BACKWARD for r in graph.live_readers(t)):
             return False  # the source is read by the backward pass itself (a candidate of its own)
     src = graph.producer(t)
     return t != tensor and src.role is Role.FORWARD and src.type not in SKIPPED_PRODUCER_TYPES
@@ -226,7 +250,14 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
         if len(swaps) >= limit:
             skipped.append(Skip(t, f"beyond n_tensors={config.n_tensors}"))
             continue
+        # Every backward reader, pruned ones too (find_candidates kept tensors a live one reads): they read
+        # what their live siblings read, so the graph TF prunes is the one the plan was checked on.
         backward = [c for c in graph.data_consumers(t) if graph.ops[c].role is Role.BACKWARD]
+        hidden = {c: why for c in backward if (why := hides_rewrite(graph, t, c))}
+        if hidden and len(hidden) == len(backward):
+            skipped.append(Skip(t, "a swap-in would change a Grappler rewrite: " + next(iter(hidden.values()))))
+            continue
+        backward = [c for c in backward if c not in hidden]  # these keep reading the original
         swap_ins: list[SwapIn] = []
         share = RECOMPUTE_SHARE_LEVELS if config.fuse_swapins and any(is_recompute_op_name(c) for c in backward) \
             else None
@@ -406,6 +437,8 @@ def _eligible(graph: Graph, op: str, role: Role, tensor: str) -> bool:
     """
     if graph.ops[op].role is not role or graph.ops[op].type in SHAPE_ONLY_TYPES:
         return False  # shape ops are cheap metadata that Grappler may fold away
+    if not graph.ops[op].live:
+        return False  # TensorFlow prunes it: a control edge from it would keep it (and what it reads) alive
     if is_recompute_op_name(op):
         # a clone runs right before its readers anyway, and a control edge out of one keeps
         # Grappler from rewriting its chain as it rewrote the original (the last bits differ)
@@ -415,7 +448,7 @@ def _eligible(graph: Graph, op: str, role: Role, tensor: str) -> bool:
     end = graph.forward_end
     if end is None or graph.levels[op] <= graph.levels[end]:
         return False
-    return all(graph.is_ancestor(r, op) for r in graph.data_consumers(tensor)
+    return all(graph.is_ancestor(r, op) for r in graph.live_readers(tensor)
                if graph.ops[r].role is Role.FORWARD)
 
 
@@ -482,9 +515,9 @@ def _add_branch_swaps(graph: Graph, config: LMSConfig, swaps: dict[str, Swap], s
             spec = graph.tensors[t]
             if spec.rank is None or spec.rank <= 1 or graph.tensor_bytes(t) == 0:
                 continue
-            if _rejection(graph, config, t, graph.data_consumers(t)):
+            if _rejection(graph, config, t, graph.live_readers(t)):
                 continue
-            forward = sorted((c for c in graph.data_consumers(t) if graph.ops[c].role is Role.FORWARD),
+            forward = sorted((c for c in graph.live_readers(t) if graph.ops[c].role is Role.FORWARD),
                              key=levels.__getitem__)
             far = [c for c in forward if levels[c] - levels[op_name] > config.branch_threshold]
             near = [c for c in forward if c not in far]

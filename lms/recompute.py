@@ -359,7 +359,8 @@ class RecomputePlan:
             mapping = reroute.get(op.name)
             if mapping:
                 op = Op(name=op.name, type=op.type, role=op.role, inputs=tuple(mapping.get(t, t) for t in op.inputs),
-                        control_inputs=op.control_inputs, outputs=op.outputs, grad_of=op.grad_of, device=op.device)
+                        control_inputs=op.control_inputs, outputs=op.outputs, grad_of=op.grad_of, device=op.device,
+                        live=op.live)
             ops.append(op)
         rewritten = Graph(ops, [*graph.tensors.values(), *tensors], batch_size=graph.batch_size, name=graph.name)
         _REWRITTEN[graph] = (self, rewritten)

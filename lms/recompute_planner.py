@@ -19,7 +19,11 @@ the ``incl_*``/``excl_*`` filters apply) the planners choose one of three:
 - **swap** (`lms.planner.plan_swaps`, run afterwards on the graph with the
   clones): the sources of the chains become backward reads like any other, so
   they are swapped in before the clones that read them.
-- **keep**: everything else (beyond ``n_tensors``, no trigger, ...).
+- **keep**: everything else (beyond ``n_tensors``, no trigger, ...), and a
+  tensor whose clones would make Grappler rewrite the step differently: an
+  op that keeps one reader after its backward readers move to the clone, or a
+  clone read by one op where the original had several, when Grappler folds
+  such an op into its reader (`lms.rewrites.recompute_changes_readers`).
 
 Clones: one chain per recomputed tensor serves all its backward readers (a
 ReLU output is read by the next convolution's filter gradient and, ~13 levels
@@ -53,6 +57,7 @@ from .graph import Graph, Role
 from .optypes import RANDOM_TYPES, RECOMPUTABLE_TYPES, never_recomputed
 from .plan import Skip
 from .recompute import Clone, Gate, Recompute, RecomputePlan, gate_op_name, recompute_op_name
+from .rewrites import LOOK_THROUGH, recompute_changes_readers
 
 __all__ = ["plan_recompute", "MAX_CHAIN_OPS", "TINY_SOURCE_BYTES"]
 
@@ -105,7 +110,11 @@ def plan_recompute(graph: Graph, config: LMSConfig) -> RecomputePlan:
             skipped.append(Skip(t, f"recompute: {chain}"))
             continue
         readers = tuple(sorted((c for c in graph.data_consumers(t) if graph.ops[c].role is Role.BACKWARD),
-                               key=graph.levels.__getitem__))
+                               key=graph.levels.__getitem__))  # a live one among them: find_candidates
+        why = recompute_changes_readers(graph, t, chain, readers) or _gate_hides_rewrite(graph, chain)
+        if why:
+            skipped.append(Skip(t, f"recompute: {why}"))
+            continue
         trigger, distance, how = _just_in_time_trigger(graph, t, readers[0])
         if trigger is None:
             trigger, distance, how = _find_trigger(graph, trigger_config, t, readers[0], role=Role.BACKWARD,
@@ -128,6 +137,17 @@ def plan_recompute(graph: Graph, config: LMSConfig) -> RecomputePlan:
     log.debug("recompute: %d tensors (%d clones) of %d candidates", plan.n_recomputed, plan.n_clones,
               len(candidates))
     return plan
+
+
+def _gate_hides_rewrite(graph: Graph, chain: list[str]) -> str:
+    """Why a gate between a chain's source and the clone reading it would hide a Grappler rewrite ('' if not)."""
+    in_chain = set(chain)
+    for name in chain:
+        op = graph.ops[name]
+        for p in op.input_ops:
+            if p not in in_chain and (graph.ops[p].type, op.type) in LOOK_THROUGH:
+                return f"Grappler reads {op.type} {name!r} through its {graph.ops[p].type} input"
+    return ""
 
 
 def _names(r: Recompute) -> list[str]:

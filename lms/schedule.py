@@ -218,7 +218,7 @@ def pin_graph(graph: Graph, edges: Iterable[tuple[str, str]]) -> Graph:
         if op.name in extra:
             ctrl = tuple(dict.fromkeys(op.control_inputs + tuple(extra[op.name])))
             op = Op(name=op.name, type=op.type, role=op.role, inputs=op.inputs, control_inputs=ctrl,
-                    outputs=op.outputs, grad_of=op.grad_of, device=op.device)
+                    outputs=op.outputs, grad_of=op.grad_of, device=op.device, live=op.live)
         ops.append(op)
     return Graph(ops, graph.tensors.values(), batch_size=graph.batch_size, name=graph.name)
 

@@ -11,10 +11,21 @@ batch (a small CNN peaks at 67 MiB at batch 4 instead of 4 MiB) and whose convol
 about 3x slower here. The emulated backend's workers do the same (`tuner.worker.worker_env`).
 Set ``TF_ENABLE_ONEDNN_OPTS=0`` to run the suite on Eigen's kernels (it passed so, except the
 test that peaks grow with the batch).
+
+The equivalence check's disk cache (`lms.tf.equivalence.cache_dir`) goes to a folder of this
+session (inherited by the tuner's worker processes), not to the user's ``~/.cache/lms``: a
+test checks the graphs of the code it runs, and leaves nothing behind.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+if "LMS_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="lms-test-cache-")
+    os.environ["LMS_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)

@@ -12,7 +12,7 @@ from lms.optypes import RECOMPUTABLE_TYPES
 from lms.recompute import Clone, RecomputePlan, gate_op_name, is_gate_op_name, is_recompute_op_name, recompute_op_name
 from lms.recompute_planner import plan_recompute
 from lms.simulator import simulate
-from tests.synthetic import MiB, bn_relu_blocks, chain, residual
+from tests.synthetic import MiB, bn_relu_blocks, chain, residual, training_graph
 
 CHEAP = LMSConfig(recompute="cheap")
 
@@ -137,7 +137,14 @@ def test_filters_apply_to_recomputed_tensors():
     assert plan.tensors == ("block0/relu:0", "block2/relu:0")
 
 
-@pytest.mark.parametrize("graph", [chain(6), residual(3)], ids=["chain", "residual"])
+def _conv_relu_chain(n: int):
+    fwd = []
+    for i in range(n):
+        fwd += [(f"c{i}", "Conv2D", (f"r{i - 1}" if i else "x",)), (f"r{i}", "Relu", (f"c{i}",))]
+    return training_graph(fwd, name=f"conv_relu{n}")
+
+
+@pytest.mark.parametrize("graph", [_conv_relu_chain(3), residual(3)], ids=["chain", "residual"])
 def test_relu_chains_recompute_where_the_input_is_saved_anyway(graph):
     plan = plan_swaps(graph, CHEAP)
     rewritten = plan.validate(graph)
@@ -148,6 +155,17 @@ def test_relu_chains_recompute_where_the_input_is_saved_anyway(graph):
             assert s not in rp.tensors  # never rebuilt from a rebuilt tensor
     rewritten.lint()
     assert rewrite_graph(graph, plan).ops.keys() == rewritten.ops.keys()
+
+
+def test_an_op_left_with_one_reader_that_grappler_folds_it_into_is_not_recomputed():
+    """Relu -> Relu: without LMS each Relu is read by the next and by its gradient; rebuilt for the
+    gradient, the original keeps one reader, and Grappler composes the pair into one
+    ``_UnaryOpsComposition`` (issue 33: a ViT's GELU ``0.5 * x`` was reassociated that way)."""
+    plan = plan_recompute(chain(4), CHEAP)
+    assert plan.tensors == ()
+    reasons = {k.tensor: k.reason for k in plan.skipped}
+    assert sorted(reasons) == ["f0:0", "f1:0", "f2:0"]
+    assert "keep one reader, Relu 'f1'" in reasons["f0:0"] and "Grappler folds" in reasons["f0:0"]
 
 
 def test_recompute_none_is_exactly_the_swap_plan():

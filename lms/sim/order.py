@@ -216,7 +216,7 @@ def bypass_identities(graph: Graph) -> Graph:
         if any(t in source for t in op.inputs):
             op = Op(name=op.name, type=op.type, role=op.role, inputs=tuple(resolve(t) for t in op.inputs),
                     control_inputs=op.control_inputs, outputs=op.outputs, grad_of=op.grad_of,
-                    device=op.device)
+                    device=op.device, live=op.live)
         ops.append(op)
     kept = {t for op in ops for t in op.outputs}
     return Graph(ops, [t for t in graph.tensors.values() if t.name in kept],

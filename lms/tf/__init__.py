@@ -3,7 +3,10 @@
 - `extract`: traced step -> `lms.graph.Graph` (`extract_graph`, `trace_train_step`).
 - `apply`: `SwapPlan` -> recompute clones and swap ops inserted in the graph being traced (`apply_plan`).
 - `emulate`: swap ops that leave TF's allocator on any machine (CPU emulation).
-- `function`: `lms.function`, a ``tf.function`` for training steps with LMS.
+- `function`: `lms.function`, a ``tf.function`` for training steps with LMS (`summary`: what it did;
+  `batch`: the batch a step runs at).
+- `equivalence`: checks that Grappler optimizes the step with LMS as without it (`canonical`
+  compares, `corrections` undoes what differs).
 - `keras`: `LMSModel` / `enable_lms` for Keras 3 ``model.fit``.
 - `train`: `make_train_step`, the standard step.
 

@@ -6,6 +6,12 @@ Roles (see ``TF-NOTES.md``):
   while tracing) and every op whose name starts with ``gradient_tape/``.
 - ``OTHER``: the rest (optimizer updates, moving averages, metrics, returns).
 
+Liveness (`lms.graph.Op.live`): an op is live when the step's outputs or an
+op TensorFlow must run (a stateful op: variable updates, metric updates,
+`must_run`) depend on it through data or control edges. TensorFlow prunes the
+rest before running the step: a frozen layer's filter gradient, the gradient
+of a constant divisor, shape computations nobody reads.
+
 ``Op.grad_of`` links a backward op ``gradient_tape/<scope>/...`` to the forward
 op whose gradient it computes: the longest forward op name that prefixes the
 rest of the name, else the forward op in the longest matching scope whose name
@@ -29,7 +35,7 @@ import tensorflow as tf
 
 from ..graph import Graph, Op, Role, Tensor, dtype_size
 
-__all__ = ["extract_graph", "trace_train_step", "TracedStep", "BACKWARD_PREFIX"]
+__all__ = ["extract_graph", "trace_train_step", "TracedStep", "BACKWARD_PREFIX", "must_run"]
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +45,7 @@ BACKWARD_PREFIX = "gradient_tape/"
 def extract_graph(func_graph: tf.Graph, *,
                   loss_tensor: tf.Tensor | str | Sequence[tf.Tensor | str] | None = None,
                   batch_size: int, symbolic_batch: bool = False, backward_ops: Iterable[str] = (),
-                  name: str = "") -> Graph:
+                  name: str = "", outputs: Any = None) -> Graph:
     """Build a `Graph` model of a traced training step.
 
     Args:
@@ -53,6 +59,9 @@ def extract_graph(func_graph: tf.Graph, *,
         backward_ops: names of ops created by ``tape.gradient`` (recorded while
             tracing); ops named ``gradient_tape/...`` are backward anyway.
         name: label of the graph model.
+        outputs: what the step returns (any nest of tensors; ops it holds count
+            too), for `lms.graph.Op.live`; None: the graph's own ``outputs`` and
+            ``control_outputs`` when the function is finished, else every op is live.
 
     Returns:
         The linted graph model.
@@ -71,6 +80,7 @@ def extract_graph(func_graph: tf.Graph, *,
             roles[op.name] = Role.FORWARD
         else:
             roles[op.name] = Role.OTHER
+    live = _live_ops(func_graph, tf_ops, outputs)
     matcher = _GradMatcher([op for op in tf_ops if roles[op.name] is Role.FORWARD])
     ops: list[Op] = []
     tensors: list[Tensor] = []
@@ -82,7 +92,7 @@ def extract_graph(func_graph: tf.Graph, *,
             control_inputs=tuple(c.name for c in op.control_inputs),
             outputs=tuple(t.name for t in op.outputs),
             grad_of=matcher.match(op.name) if role is Role.BACKWARD else None,
-            device=op.device,
+            device=op.device, live=live is None or op.name in live,
         ))
         for t in op.outputs:
             tensors.append(_tensor_model(t, batch_size=batch_size, symbolic_batch=symbolic_batch,
@@ -110,6 +120,42 @@ def _forward_ops(graph: tf.Graph, loss_tensor: Any) -> set[str]:
         seen.add(op.name)
         stack.extend(t.op for t in op.inputs)
     return seen
+
+
+def must_run(op: tf.Operation) -> bool:
+    """An op TensorFlow runs whatever reads it: as automatic control dependencies decide (a stateful op,
+    a function call, a resource read whose value is used)."""
+    from tensorflow.python.framework import auto_control_deps, auto_control_deps_utils, op_def_registry
+
+    if op_def_registry.get(op.type) is None:
+        return True
+    if not auto_control_deps.op_is_stateful(op):
+        return False
+    return op.type not in auto_control_deps_utils.RESOURCE_READ_OPS or any(t.consumers() for t in op.outputs)
+
+
+def _live_ops(graph: tf.Graph, tf_ops: list[tf.Operation], outputs: Any) -> set[str] | None:
+    """Names of the ops the outputs or a must-run op depend on (data and control edges); None: unknown."""
+    if outputs is None:
+        if not getattr(graph, "outputs", None):
+            return None
+        outputs = [*graph.outputs, *getattr(graph, "control_outputs", ())]
+    roots: list[tf.Operation] = []
+    for item in tf.nest.flatten(outputs, expand_composites=True):
+        op = item if isinstance(item, tf.Operation) else getattr(item, "op", None)
+        if op is not None and getattr(op, "graph", None) is graph:
+            roots.append(op)
+    roots.extend(op for op in tf_ops if must_run(op))
+    live: set[str] = set()
+    stack = roots
+    while stack:
+        op = stack.pop()
+        if op.name in live:
+            continue
+        live.add(op.name)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return live
 
 
 def _batch_derived_ops(graph: tf.Graph, tf_ops: list[tf.Operation]) -> set[str]:

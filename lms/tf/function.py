@@ -22,7 +22,10 @@ dependencies and turns the edited graph into the function it runs::
     train_step(x, y)
     train_step.summary.n_swapped   # tensors swapped in the traced graph
 
-Every (re)trace is planned again for its own graph; `plan`, `graph` and
+Every (re)trace is planned again for its own graph, unless its forward and
+backward ops are those of an earlier trace (Keras traces ``train_step`` twice
+under ``fit``): then that trace's plan is applied again, with the corrections
+the equivalence check (`lms.tf.equivalence`) made to it. `plan`, `graph` and
 `summary` describe the latest trace.
 """
 
@@ -30,12 +33,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 import time
 import types
 import weakref
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import tensorflow as tf
@@ -45,11 +47,14 @@ from ..auto import AUTO, DEFAULT_MARGIN, NoConfigFits
 from ..config import LMSConfig
 from ..graph import Graph
 from ..plan import SwapPlan
-from ..planner import plan_swaps
+from ..planner import LOOP_ACCUMULATOR_REASON, plan_swaps
 from ..sim.interpreter import resolve_plan
-from .apply import AppliedPlan, apply_plan, observe_swapped_size
+from .apply import AppliedPlan, apply_plan, default_compute_device
 from .auto import AutoSettings, PeakCheck
+from .batch import batch_argument, call_batch, observe_batch, static_batch
 from .emulate import default_emulate
+from .equivalence import Correction, ensure_equivalent
+from .summary import LMSSummary, SwappedTensor, as_config
 from .extract import extract_graph
 from .train import GradientRecord, record_gradients
 
@@ -66,110 +71,6 @@ _EAGER_NOTE = ("running eagerly (tf.config.run_functions_eagerly(True) or called
 _XLA_MESSAGE = ("LMS cannot rewrite a step compiled by XLA: {owner} is called inside a function with "
                 "jit_compile=True, which compiles it as one cluster and bypasses graph-level swap ops; "
                 "call it outside that function or use jit_compile=False")
-
-
-@dataclass(frozen=True)
-class SwappedTensor:
-    """One swapped tensor of a traced step.
-
-    Attributes:
-        tensor: tensor name.
-        bytes: size at the traced batch.
-        kind: ``"backward"``, ``"branch"`` or ``"backward+branch"``.
-        consumers: ops that read the swapped-in copy.
-        trigger: trigger of the first swap-in (the one serving the earliest consumer).
-        swap_ins: names of its swap-in ops.
-    """
-
-    tensor: str
-    bytes: int
-    kind: str
-    consumers: tuple[str, ...]
-    trigger: str | None
-    swap_ins: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class LMSSummary:
-    """What LMS did to one traced step.
-
-    Attributes:
-        n_swapped: tensors swapped.
-        swapped_bytes: their bytes at `batch_size`.
-        n_swap_ins: swap-in ops.
-        n_candidates: tensors the planner considered.
-        batch_size: batch the sizes refer to.
-        swap_ops: ``"device"`` or ``"emulated"``.
-        swapped: one entry per swapped tensor.
-        note: why nothing was swapped when LMS did not run (running eagerly,
-            ``n_tensors=0``); empty otherwise.
-        recomputed: tensors the backward pass rebuilds instead (``LMSConfig.recompute``).
-        recomputed_bytes: their bytes at `batch_size` (no longer kept or swapped).
-        n_clones: forward ops cloned into the backward pass to rebuild them.
-        config: the `LMSConfig` this trace was planned with (with ``config="auto"``: the one chosen).
-        auto: with ``config="auto"``, the `lms.auto.AutoChoice` (what was simulated and why this config);
-            None otherwise.
-    """
-
-    n_swapped: int
-    swapped_bytes: int
-    n_swap_ins: int
-    n_candidates: int
-    batch_size: int
-    swap_ops: str
-    swapped: tuple[SwappedTensor, ...]
-    recomputed: tuple[str, ...] = ()
-    recomputed_bytes: int = 0
-    n_clones: int = 0
-    note: str = ""
-    config: LMSConfig | None = None
-    auto: Any = None
-
-    def at_batch(self, graph: Graph, batch: int) -> "LMSSummary":
-        """The same swaps with their bytes at `batch` (sizes from the graph model, affine in the batch)."""
-        swapped = tuple(replace(s, bytes=graph.tensor_bytes(s.tensor, batch)) for s in self.swapped)
-        recomputed_bytes = sum(graph.tensor_bytes(t, batch) for t in self.recomputed)
-        return replace(self, batch_size=batch, swapped=swapped, swapped_bytes=sum(s.bytes for s in swapped),
-                       recomputed_bytes=recomputed_bytes)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(replace(self, config=None, auto=None))
-        out["swapped"] = [dict(s, consumers=list(s["consumers"]), swap_ins=list(s["swap_ins"]))
-                          for s in out["swapped"]]
-        out["recomputed"] = list(self.recomputed)
-        out["config"] = self.config.to_dict() if self.config is not None else None
-        out["auto"] = self.auto.to_dict() if self.auto is not None else None
-        return out
-
-    @classmethod
-    def from_plan(cls, plan: SwapPlan, *, swap_ops: str, note: str = "", auto: Any = None) -> "LMSSummary":
-        swapped = tuple(
-            SwappedTensor(tensor=s.tensor, bytes=s.nbytes, kind=s.kind, consumers=s.consumers,
-                          trigger=s.swap_ins[0].trigger if s.swap_ins else None,
-                          swap_ins=tuple(i.name for i in s.swap_ins))
-            for s in plan.swaps)
-        rp = plan.recompute
-        return cls(n_swapped=plan.n_swapped, swapped_bytes=plan.swapped_bytes, n_swap_ins=plan.n_swap_ins,
-                   n_candidates=plan.n_candidates, batch_size=plan.batch_size, swap_ops=swap_ops,
-                   swapped=swapped, recomputed=rp.tensors if rp is not None else (),
-                   recomputed_bytes=plan.recomputed_bytes, n_clones=rp.n_clones if rp is not None else 0,
-                   note=note, config=plan.config, auto=auto)
-
-
-def as_config(config: Any) -> LMSConfig:
-    """An `LMSConfig` from a config, a mapping of its fields, or a config file's path (`LMSConfig.load`:
-    an ``lms.config`` file or a tuner ``recommended.json``); ValueError otherwise."""
-    if isinstance(config, LMSConfig):
-        return config
-    if isinstance(config, Mapping):
-        return LMSConfig.from_dict(config)
-    if isinstance(config, (str, os.PathLike)):
-        if not os.path.isfile(config):
-            raise ValueError(f"config {str(config)!r} is not an lms.LMSConfig, a dict of its fields or an existing "
-                             "config file")
-        return LMSConfig.load(config)
-    raise ValueError("config must be an lms.LMSConfig, a dict of its fields or a config file's path, got "
-                     f"{type(config).__name__}")
 
 
 @dataclass(frozen=True)
@@ -200,7 +101,7 @@ class _Rewriter:
 
     def __init__(self, config: Any, *, emulate: bool | None, bandwidth: float | None,
                  device: str | None, owner: str, pin_whole: bool = False, budget: Any = None,
-                 margin: float = DEFAULT_MARGIN) -> None:
+                 margin: float = DEFAULT_MARGIN, check: bool = True) -> None:
         self.auto: AutoSettings | None = None
         self.pending_error: Exception | None = None  # an lms error raised while tracing (see `LMSFunction._call`)
         if isinstance(config, str) and config == AUTO:
@@ -210,6 +111,10 @@ class _Rewriter:
         elif budget is not None:
             raise ValueError("budget= applies to config='auto' only (a given LMSConfig swaps what it says)")
         self.config = as_config(config)
+        if check not in (True, False):
+            raise ValueError(f"check={check!r}: allowed values are True (check that Grappler optimizes the step as "
+                             "without LMS, and correct the plan) and False")
+        self.check = check
         # the caller runs memory-scheduled steps pinned whole when it can (`lms.tf.exact`): the order is
         # then chosen for what runs exactly (`schedule_ops(..., exact=True)`)
         self.pin_whole = pin_whole
@@ -224,6 +129,8 @@ class _Rewriter:
         self.owner = owner
         self.last: _Trace | None = None
         self.traces: "weakref.WeakKeyDictionary[tf.Graph, _Trace]" = weakref.WeakKeyDictionary()
+        # fingerprint of a trace's forward and backward ops -> the plan applied to it (as checked and corrected)
+        self._plans: dict[tuple[str, LMSConfig], tuple[SwapPlan, tuple[Correction, ...]]] = {}
         self._lock = threading.Lock()
         self._warned_eager = False
 
@@ -237,14 +144,14 @@ class _Rewriter:
         return _Session(self, args, kwargs, batch_hint=batch_hint)
 
     def _rewrite(self, graph: tf.Graph, rec: GradientRecord, args: tuple, kwargs: dict, *,
-                 batch_hint: int | None) -> None:
+                 batch_hint: int | None, outputs: Any = None) -> None:
         """Extract, plan, anchor triggers, validate and apply, on the graph being traced."""
         start = time.perf_counter()
-        static_batch = _batch_dim(graph, args, kwargs)
-        symbolic = static_batch is None
-        batch = static_batch or batch_hint or 1
+        known = static_batch(args, kwargs)
+        symbolic = known is None
+        batch = known or batch_hint or 1
         model = extract_graph(graph, loss_tensor=rec.targets, batch_size=batch, symbolic_batch=symbolic,
-                              backward_ops=rec.backward_ops, name=self.owner)
+                              backward_ops=rec.backward_ops, name=self.owner, outputs=outputs)
         extracted = time.perf_counter()
         config, choice = self.config, None
         may_pin_whole = self.pin_whole and _may_pin_whole(graph)
@@ -270,12 +177,28 @@ class _Rewriter:
                 self.last = trace
                 self.traces[graph] = trace
             return
-        # with auto, the plan and schedule simulated for the choice are reused (cached per graph and config)
-        plan = resolve_plan(model, config) if choice is not None else plan_swaps(model, config)
+        fingerprint = (model.fingerprint(), config)
+        with self._lock:
+            reused = self._plans.get(fingerprint)
+        if reused is not None:  # a second trace of the same step: the plan made (and checked) for the first
+            plan, corrections = reused
+            log.debug("LMS: %s traced again with the same forward and backward ops: reusing its plan", self.owner)
+        else:
+            # with auto, the plan and schedule simulated for the choice are reused (cached per graph and config)
+            plan = resolve_plan(model, config) if choice is not None else plan_swaps(model, config)
+            corrections = ()
         plan.validate(model)
         planned = time.perf_counter()
+        plain_def = graph.as_graph_def() if self.check and plan.rewrites and reused is None else None
         applied = apply_plan(graph, plan, swap_ops=self.swap_ops, bandwidth=self.bandwidth, device=self.device)
         swapped = time.perf_counter()
+        if plain_def is not None:
+            checked = ensure_equivalent(graph, plain_def, model, plan, outputs=outputs,
+                                        device=self.device or default_compute_device())
+            plan, corrections = checked.plan, checked.corrections
+            if corrections:
+                plan.validate(model)
+        checked_at = time.perf_counter()
         schedule = None
         if config.pins_order:  # the order chosen over the graph model, pinned by control edges
             from ..sim.interpreter import schedule_for
@@ -285,23 +208,31 @@ class _Rewriter:
             schedule = schedule_for(model, plan, exact=exact)
             apply_schedule(graph, schedule.edges)
         done = time.perf_counter()
-        summary = LMSSummary.from_plan(plan, swap_ops=self.swap_ops, auto=choice)
+        summary = LMSSummary.from_plan(plan, swap_ops=self.swap_ops, auto=choice, corrections=corrections,
+                                       note=_loop_note(plan))
         timings = {"extract_s": extracted - start, "plan_s": planned - extracted, "apply_s": swapped - planned,
-                   "schedule_s": done - swapped}
+                   "check_s": checked_at - swapped, "schedule_s": done - checked_at}
         if choice is not None:
             timings["choose_s"] = choice.elapsed_s
         trace = _Trace(model, plan, applied, summary, timings, schedule=schedule)
         with self._lock:
             self.last = trace
             self.traces[graph] = trace
+            self._plans[fingerprint] = (plan, corrections)
+            while len(self._plans) > 8:
+                self._plans.pop(next(iter(self._plans)))
         if symbolic and not batch_hint:
-            observing = _observe_batch(graph, model, plan, trace, owner=self.owner)
+            observing = _observe_batch(graph, plan, trace, batch_argument(args, kwargs), owner=self.owner)
+            if reused is not None:
+                return  # logged when it was planned
             log.info("LMS: swapped %d tensors (%s per sample; the batch is unknown until the step runs%s) of "
                      "%d candidates with %d swap-ins (%s swap ops) in %s; extract+plan+apply %.2f s",
                      plan.n_swapped, _format_bytes(_per_sample_bytes(model, plan)),
                      "" if observing else " and is not observed", plan.n_candidates, plan.n_swap_ins,
                      self.swap_ops, self.owner, done - start)
             return
+        if reused is not None:
+            return  # logged when it was planned
         log.info("LMS: swapped %d tensors (%.1f MiB at batch %d) of %d candidates with %d swap-ins "
                  "(%s swap ops) in %s; extract+plan+apply %.2f s", plan.n_swapped,
                  plan.swapped_bytes / _MiB, batch, plan.n_candidates, plan.n_swap_ins, self.swap_ops,
@@ -312,7 +243,7 @@ class _Rewriter:
 
     def set_disabled(self, args: tuple, kwargs: dict, *, graph: tf.Graph, batch_hint: int | None) -> None:
         """Record an empty plan for a trace with LMS off (``n_tensors=0``)."""
-        batch = _batch_dim(graph, args, kwargs) or batch_hint or 1
+        batch = static_batch(args, kwargs) or batch_hint or 1
         plan = SwapPlan(config=self.config, batch_size=batch, graph_name=self.owner)
         with self._lock:
             self.last = _Trace(None, plan, None, LMSSummary.from_plan(plan, swap_ops=self.swap_ops,
@@ -321,7 +252,7 @@ class _Rewriter:
 
     def set_eager(self, args: tuple, kwargs: dict, *, batch_hint: int | None) -> None:
         """Record an empty plan for a step running eagerly; warn the first time only."""
-        batch = _call_batch(args, kwargs) or batch_hint or 1
+        batch = call_batch(args, kwargs) or batch_hint or 1
         plan = SwapPlan(config=self.config, batch_size=batch, graph_name=self.owner)
         with self._lock:
             self.last = _Trace(None, plan, None, LMSSummary.from_plan(plan, swap_ops=self.swap_ops,
@@ -342,6 +273,12 @@ class _Session:
         self._graph: tf.Graph | None = None
         self._recorder: record_gradients | None = None
         self._record: GradientRecord | None = None
+        self._outputs: Any = None
+
+    def returns(self, outputs: Any) -> Any:
+        """Note what the step returns (its outputs decide which ops TensorFlow runs); returns `outputs`."""
+        self._outputs = outputs
+        return outputs
 
     def __enter__(self) -> "_Session":
         rw = self._rewriter
@@ -371,7 +308,17 @@ class _Session:
                 f"{rw.owner}: the step computed no gradients with tf.GradientTape, so there are no "
                 "activations kept for a backward pass to swap; use tf.function for this function")
         rw._rewrite(self._graph, self._record, self._args, self._kwargs,  # noqa: SLF001
-                    batch_hint=self._batch_hint)
+                    batch_hint=self._batch_hint, outputs=self._outputs)
+
+
+def _loop_note(plan: SwapPlan) -> str:
+    """Why a recurrent layer's saved activations are not swapped ('' without While-loop accumulators)."""
+    loops = sum(k.reason == LOOP_ACCUMULATOR_REASON for k in plan.skipped)
+    if not loops:
+        return ""
+    return (f"{loops} tensor(s) the backward pass reads are While-loop accumulators (recurrent layers keep every "
+            "step's activations in TensorLists), which graph rewriting cannot swap; "
+            f"{plan.n_swapped} tensor(s) outside the loops swapped")
 
 
 def _per_sample_bytes(model: Graph, plan: SwapPlan) -> int:
@@ -382,29 +329,30 @@ def _format_bytes(n: int) -> str:
     return f"{n / _MiB:.2f} MiB" if n >= _MiB else f"{n / 1024:.1f} KiB"
 
 
-def _observe_batch(graph: tf.Graph, model: Graph, plan: SwapPlan, trace: _Trace, *, owner: str) -> bool:
+def _observe_batch(graph: tf.Graph, plan: SwapPlan, trace: _Trace, data: tf.Tensor | None, *, owner: str) -> bool:
     """When the batch is unknown at trace time (``fit`` on a ``tf.data`` pipeline), learn it when the step runs.
 
-    One swapped tensor's host copy reports its size (`lms.tf.apply.observe_swapped_size`);
-    ``(bytes - fixed) / per_sample`` of the first step that runs goes into
-    ``trace.observed`` (the summary then reports the bytes at that batch; logged
-    once). Returns False when no swapped tensor scales with the batch.
+    The data argument's leading dimension (`lms.tf.batch.observe_batch`) of the
+    first step that runs goes into ``trace.observed`` (the summary then reports
+    the bytes at that batch; logged once). Returns False when there is no data
+    argument or nothing inserted to keep the observer in the step.
     """
-    swap = next((s for s in plan.swaps if model.tensors[s.tensor].per_sample_bytes > 0 and s.swap_ins), None)
-    if swap is None:
+    anchor = next((si.name for s in plan.swaps for si in s.swap_ins), None)
+    if anchor is None and plan.recompute is not None:
+        anchor = next((g.name for r in plan.recompute.recomputes for g in r.gates), None)
+    if data is None or anchor is None:
         return False
-    t = model.tensors[swap.tensor]
 
-    def observe(nbytes: int) -> None:
+    def observe(batch: int) -> None:
         from .exact import in_dry_run
 
         if "batch" not in trace.observed and not in_dry_run():
-            trace.observed["batch"] = max((nbytes - t.fixed_bytes) // t.per_sample_bytes, 1)
+            trace.observed["batch"] = max(batch, 1)
             summary = trace.current_summary()
             log.info("LMS: %s swaps %.1f MiB at batch %d (the batch of the first step that ran)",
                      owner, summary.swapped_bytes / _MiB, summary.batch_size)
 
-    observe_swapped_size(graph, swap, observe)
+    observe_batch(graph, data, anchor, observe)
     return True
 
 
@@ -421,26 +369,6 @@ def _may_pin_whole(graph: tf.Graph) -> bool:
 def _building_function(graph: tf.Graph) -> bool:
     """True for a graph being traced into a function (a FuncGraph)."""
     return bool(getattr(graph, "building_function", False))
-
-
-def _batch_dim(graph: tf.Graph, args: tuple, kwargs: dict) -> int | None:
-    """Static dim 0 of the first tensor argument with rank >= 1 (None if unknown).
-
-    Composite arguments are looked into (a ``MirroredStrategy``'s per-replica
-    values: the batch of one replica).
-    """
-    for t in tf.nest.flatten((args, kwargs), expand_composites=True):
-        if tf.is_tensor(t) and t.shape.rank:
-            return t.shape[0]
-    return None
-
-
-def _call_batch(args: tuple, kwargs: dict) -> int | None:
-    for t in tf.nest.flatten((args, kwargs), expand_composites=True):
-        shape = getattr(t, "shape", None)
-        if shape is not None and len(shape) >= 1 and shape[0] is not None:
-            return int(shape[0])
-    return None
 
 
 class _LatestTrace:
@@ -496,7 +424,8 @@ class LMSFunction(_LatestTrace):
 
     def __init__(self, fn: Callable, *, config: Any, emulate: bool | None = None,
                  bandwidth: float | None = None, device: str | None = None, pin_whole: bool | None = None,
-                 budget: Any = None, margin: float = DEFAULT_MARGIN, **tf_function_kwargs: Any) -> None:
+                 budget: Any = None, margin: float = DEFAULT_MARGIN, check: bool = True,
+                 **tf_function_kwargs: Any) -> None:
         if not callable(fn):
             raise ValueError(f"lms.function needs a callable, got {type(fn).__name__}")
         if tf_function_kwargs.get("jit_compile"):
@@ -507,10 +436,10 @@ class LMSFunction(_LatestTrace):
         name = getattr(fn, "__name__", "step")
         self._rewriter = _Rewriter(config, emulate=emulate, bandwidth=bandwidth, device=device,
                                    owner=f"lms.function({name})", pin_whole=pin_whole is not False,
-                                   budget=budget, margin=margin)
+                                   budget=budget, margin=margin, check=check)
         self._fn = fn
         self._options = {"emulate": emulate, "bandwidth": bandwidth, "device": device, "pin_whole": pin_whole,
-                         "budget": budget, "margin": margin, **tf_function_kwargs}
+                         "budget": budget, "margin": margin, "check": check, **tf_function_kwargs}
         self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._hint = threading.local()
         self._pin_whole = pin_whole
@@ -524,8 +453,8 @@ class LMSFunction(_LatestTrace):
 
         @functools.wraps(fn)
         def traced(*args: Any, **kwargs: Any) -> Any:
-            with rewriter.session(args, kwargs, batch_hint=getattr(hint, "batch", None)):
-                out = fn(*args, **kwargs)
+            with rewriter.session(args, kwargs, batch_hint=getattr(hint, "batch", None)) as session:
+                out = session.returns(fn(*args, **kwargs))
             return out
 
         self._tf_function = tf.function(traced, **tf_function_kwargs)
@@ -533,7 +462,7 @@ class LMSFunction(_LatestTrace):
 
     @tf.autograph.experimental.do_not_convert  # plain Python; the step itself is converted by its tf.function
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self._hint.batch = _call_batch(args, kwargs)
+        self._hint.batch = call_batch(args, kwargs)
         try:
             if self._peak_check is not None:
                 last = self._rewriter.last
@@ -652,7 +581,7 @@ class LMSFunction(_LatestTrace):
 
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
         """Trace (with LMS applied) and return the concrete function, like ``tf.function``'s."""
-        self._hint.batch = _call_batch(args, kwargs)
+        self._hint.batch = call_batch(args, kwargs)
         try:
             return self._tf_function.get_concrete_function(*args, **kwargs)
         except Exception:
@@ -677,14 +606,16 @@ class LMSFunction(_LatestTrace):
 
     @property
     def timings(self) -> Mapping[str, float] | None:
-        """Seconds the latest trace spent in ``extract_s``, ``plan_s`` (plan, anchor, validate), ``apply_s``."""
+        """Seconds the latest trace spent in ``extract_s``, ``plan_s`` (plan, anchor, validate), ``apply_s``,
+        ``check_s`` (`lms.tf.equivalence`) and ``schedule_s``."""
         last = self._rewriter.last
         return dict(last.timings) if last else None
 
 
 def function(fn: Callable | None = None, *, config: Any, emulate: bool | None = None,
              bandwidth: float | None = None, device: str | None = None, pin_whole: bool | None = None,
-             budget: Any = None, margin: float = DEFAULT_MARGIN, **tf_function_kwargs: Any) -> Any:
+             budget: Any = None, margin: float = DEFAULT_MARGIN, check: bool = True,
+             **tf_function_kwargs: Any) -> Any:
     """``tf.function`` for a training step, with Large Model Support.
 
     Use as ``lms.function(step, config=...)`` or ``@lms.function(config=...)``.
@@ -711,6 +642,10 @@ def function(fn: Callable | None = None, *, config: Any, emulate: bool | None = 
             size such as ``"14GiB"``; default on a GPU: its memory less what others
             hold and a reserve (`lms.tf.auto.default_gpu_budget`); required without one.
         margin: with ``config="auto"``: fraction of `budget` kept free (default 5%).
+        check: compare what Grappler makes of the traced step with and without
+            LMS and correct the plan where they differ (`lms.tf.equivalence`;
+            `LMSSummary.corrections` says what changed). ``False`` skips the check
+            (it costs two offline Grappler runs per trace).
         **tf_function_kwargs: passed to ``tf.function`` (``jit_compile=True`` is refused).
 
     Returns:
@@ -724,6 +659,7 @@ def function(fn: Callable | None = None, *, config: Any, emulate: bool | None = 
     """
     if fn is None:
         return lambda f: LMSFunction(f, config=config, emulate=emulate, bandwidth=bandwidth, device=device,
-                                     pin_whole=pin_whole, budget=budget, margin=margin, **tf_function_kwargs)
+                                     pin_whole=pin_whole, budget=budget, margin=margin, check=check,
+                                     **tf_function_kwargs)
     return LMSFunction(fn, config=config, emulate=emulate, bandwidth=bandwidth, device=device,
-                       pin_whole=pin_whole, budget=budget, margin=margin, **tf_function_kwargs)
+                       pin_whole=pin_whole, budget=budget, margin=margin, check=check, **tf_function_kwargs)

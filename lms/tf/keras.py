@@ -57,12 +57,12 @@ class KerasLMS(_LatestTrace):
 
     def __init__(self, config: Any, *, emulate: bool | None = None, bandwidth: float | None = None,
                  device: str | None = None, owner: str = "model.fit", budget: Any = None,
-                 margin: float = DEFAULT_MARGIN, batch_size: int | None = None) -> None:
+                 margin: float = DEFAULT_MARGIN, batch_size: int | None = None, check: bool = True) -> None:
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or batch_size < 1):
             raise ValueError(f"batch_size={batch_size!r}: must be an integer >= 1 (the batch fit runs at)")
         self._rewriter = _Rewriter(config, emulate=emulate, bandwidth=bandwidth, device=device, owner=owner,
-                                   budget=budget, margin=margin)
+                                   budget=budget, margin=margin, check=check)
         self.batch_size = batch_size
         self.fit_batch: int | None = None  # the batch of the latest ``fit`` call, when it says one
 
@@ -74,8 +74,8 @@ class KerasLMS(_LatestTrace):
         """
         if model.jit_compile:
             raise ValueError(_JIT_MESSAGE)
-        with self._rewriter.session((data,), {}, batch_hint=self.batch_size or self.fit_batch):
-            logs = train_step(data)
+        with self._rewriter.session((data,), {}, batch_hint=self.batch_size or self.fit_batch) as session:
+            logs = session.returns(train_step(data))
         return logs
 
 
@@ -181,7 +181,7 @@ class LMSModel(keras.Model):
 
 def enable_lms(model: Any, config: Any, *, emulate: bool | None = None, bandwidth: float | None = None,
                device: str | None = None, budget: Any = None, margin: float = DEFAULT_MARGIN,
-               batch_size: int | None = None) -> Any:
+               batch_size: int | None = None, check: bool = True) -> Any:
     """Turn on LMS for an existing Keras model's ``fit`` (in place); returns the model.
 
     Works before or after ``compile``: a later ``compile`` gets ``jit_compile``
@@ -196,14 +196,14 @@ def enable_lms(model: Any, config: Any, *, emulate: bool | None = None, bandwidt
             or ``"auto"`` (see `lms.function`): the config is chosen when ``fit`` traces
             its step, for the batch ``fit`` runs at (its ``batch_size``, Keras' default 32
             for arrays, or `batch_size` here for a dataset that batches itself).
-        emulate / bandwidth / device / budget / margin: as for `lms.function`.
+        emulate / bandwidth / device / budget / margin / check: as for `lms.function`.
         batch_size: with ``config="auto"``: the batch to plan for when ``fit`` does not
             say it (a ``tf.data`` dataset).
     """
     if not isinstance(model, keras.Model):
         raise ValueError(f"enable_lms needs a keras.Model, got {type(model).__name__}")
     state = KerasLMS(config, emulate=emulate, bandwidth=bandwidth, device=device,
-                     owner=f"{model.name}.fit", budget=budget, margin=margin, batch_size=batch_size)
+                     owner=f"{model.name}.fit", budget=budget, margin=margin, batch_size=batch_size, check=check)
     original_step = model.__dict__.get("_lms_original_train_step") or model.train_step
     original_compile = model.__dict__.get("_lms_original_compile") or model.compile
     original_fit = model.__dict__.get("_lms_original_fit") or model.fit

@@ -448,8 +448,11 @@ def mirrored_worker() -> dict[str, Any]:
 
     def make_model():
         keras.utils.set_random_seed(21)
+        # four layers: with lb=3, a live backward op lies far enough before the first layers' gradients (the
+        # pruned gradient ops of the loss's division, which three layers needed, are no triggers)
         return keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"),
-                                 keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(3)])
+                                 keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(16, activation="relu"),
+                                 keras.layers.Dense(3)])
 
     with strategy.scope():
         model = make_model()

@@ -29,8 +29,10 @@ CONFIGS = {
     "direct_order+types": LMSConfig(recompute=["Mul", "AddV2", "Add", "Relu"], ctrld_strategy="direct_order"),
     "memory-schedule+recompute": LMSConfig(recompute="cheap", schedule="memory"),
 }
-# models with BatchNorm -> ReLU chains (mlp: Dense -> ReLU has none: its ReLU's input is not saved)
-RECOMPUTING = {"cnn_bn", "residual"}
+# models with BatchNorm -> ReLU chains (mlp: Dense -> ReLU has none: its ReLU's input is not saved; cnn_bn's
+# ReLU is read by a MaxPool, and with its backward readers moved to a clone Grappler would compute
+# max(relu(x)) as relu(max(x)): another graph, so it is kept: `lms.rewrites.folds_into`)
+RECOMPUTING = {"residual"}
 
 
 def _check(case, config, *, emulate):
@@ -43,6 +45,10 @@ def _check(case, config, *, emulate):
         assert summary.recomputed_bytes == sum(step.graph.tensor_bytes(t) for t in summary.recomputed)
     else:
         assert not summary.recomputed and not applied.clones
+        if case.name == "cnn_bn" and config.recompute_types and "Relu" in config.recompute_types:
+            reasons = [k.reason for k in step.plan.recompute.skipped if k.tensor.endswith("re_lu_1/Relu:0")]
+            assert reasons and "MaxPool" in reasons[0] and "Grappler folds it into" in reasons[0]
+    assert not summary.corrections  # the planner's rules, not the equivalence check
     traced = step.get_concrete_function(case.x, case.y).graph
     assert set(clone_op_names(traced.as_graph_def())) == set(applied.clones)
     for r in step.plan.recompute.recomputes:
@@ -67,7 +73,7 @@ def test_recompute_with_device_swaps_trains_bitwise_identically(cases, model, co
     _check(cases[model], CONFIGS[config_name], emulate=False)
 
 
-@pytest.mark.parametrize("model", ["cnn_bn", "residual"])
+@pytest.mark.parametrize("model", sorted(RECOMPUTING))
 def test_clones_survive_grappler_as_ops_of_their_own(cases, model):
     case = cases[model]
     step = _check(case, CONFIGS["swap+recompute"], emulate=False)

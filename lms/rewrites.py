@@ -1,0 +1,134 @@
+"""Which Grappler rewrites an inserted op can change, as rules the planners follow. No TensorFlow.
+
+Without LMS, TensorFlow's graph optimizer (Grappler) rewrites the step before
+running it; the rewritten arithmetic is what "bitwise identical" means. An op
+LMS inserts changes a rewrite in three ways, one rule each:
+
+- **A control edge on an inner node** (a swap-in's trigger): `lms.anchor`
+  keeps triggers off ops that a rewrite may fold into their reader.
+- **A swap-in between two ops that a rewrite reads as one** (`hides_rewrite`):
+  some rewrites look through the producer of a consumer's input whatever else
+  reads it -- ``MatMul(Transpose(x), y)`` becomes ``MatMul(x, y,
+  transpose_a=True)`` (`LOOK_THROUGH`). A swap-in on that edge hides the
+  ``Transpose``, so the consumer reads the swapped-in copy of the transposed
+  tensor and computes with another kernel. A tensor whose only reader is one
+  backward op folds into it (`folds_into`) as long as nothing else reads it.
+- **A recompute clone that changes how many ops read an op**
+  (`recompute_changes_readers`): the arithmetic optimizer folds an op with
+  exactly one reader into that reader (``(0.5 * x) * erfc(..)`` is reassociated
+  once the backward pass no longer reads ``0.5 * x``), so an original whose
+  backward readers move to the clone, or a clone read by one op where the
+  original was read by several, is rewritten differently (GELU in a ViT's MLP).
+
+The rules are conservative where it is cheap and incomplete by nature: the
+equivalence check (`lms.tf.equivalence`) compares what Grappler makes of the
+step with and without LMS and undoes whatever a rule missed.
+"""
+
+from __future__ import annotations
+
+from .graph import Graph
+
+__all__ = ["LOOK_THROUGH", "folds_into", "hides_rewrite", "recompute_changes_readers"]
+
+# (producer type, consumer type): rewrites of the consumer that read through the producer, whatever
+# else reads the producer (Grappler's arithmetic optimizer stages in parentheses).
+LOOK_THROUGH = frozenset({
+    *((t, m) for t in ("Transpose", "ConjugateTranspose")
+      for m in ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")),  # FoldTransposeIntoMatMul
+    ("Conj", "Transpose"),  # FoldConjugateIntoTranspose
+    ("Transpose", "Transpose"),  # RemoveIdentityTranspose
+    ("Neg", "Add"), ("Neg", "AddV2"), ("Neg", "Sub"),  # RemoveNegation
+    ("Neg", "Neg"), ("Reciprocal", "Reciprocal"), ("Conj", "Conj"), ("LogicalNot", "LogicalNot"),  # RemoveInvolution
+    ("Reshape", "Reshape"),  # RemoveRedundantReshape
+    ("Cast", "Cast"), ("Bitcast", "Bitcast"),  # RemoveRedundantCast / Bitcast
+    ("Sqrt", "RealDiv"), ("Sqrt", "Div"),  # SqrtDivToRsqrtMul
+    ("Softmax", "Log"),  # LogSoftmax
+    ("Exp", "Sub"),  # ConvertExpm1
+    ("Add", "Log"), ("AddV2", "Log"),  # ConvertLog1p
+    ("Sub", "Square"),  # FuseSquaredDiff
+})
+
+# Associative arithmetic: the add-chain, broadcast-minimising, common-factor and constant push-down
+# rewrites reassociate a tree of these through inner nodes with one reader.
+_ARITHMETIC = frozenset({"Add", "AddV2", "AddN", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Neg",
+                         "Reciprocal"})
+# Element-wise unary ops: a chain of them with one reader each becomes one _UnaryOpsComposition.
+_UNARY = frozenset({"Abs", "Ceil", "Cos", "Elu", "Erf", "Erfc", "Exp", "Floor", "Log", "Log1p", "Neg",
+                    "Reciprocal", "Relu", "Relu6", "Rint", "Round", "Rsqrt", "Selu", "Sigmoid", "Sin",
+                    "Softplus", "Sqrt", "Square", "Tan", "Tanh"})
+# Remapper fusions (and the oneDNN ones that follow them): producer -> the op it is fused into.
+_FUSED = frozenset({
+    *((c, b) for c in ("Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul", "BatchMatMul", "BatchMatMulV2",
+                       "BatchMatMulV3", "Einsum") for b in ("BiasAdd", "Add", "AddV2")),
+    *(("BiasAdd", a) for a in ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid", "Add", "AddV2", "Mul",
+                               "Erf", "Erfc", "Pow")),
+    *((n, a) for n in ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+      for a in ("Relu", "Relu6", "Elu", "LeakyRelu", "Add", "AddV2")),
+    ("Sigmoid", "Mul"), ("Tanh", "Mul"), ("Softplus", "Tanh"), ("Erf", "AddV2"), ("Erfc", "Mul"),
+    ("Pow", "Mul"), ("Rsqrt", "Mul"), ("Mean", "Sub"), ("SquaredDifference", "Mean"),
+    ("Mul", "Conv2D"), ("Cast", "Mul"),
+})
+
+
+# OptimizeMaxOrMinOfMonotonic: max(f(x)) -> f(max(x)) for a monotonic f with one reader (a ReLU before a
+# MaxPool is applied to the pooled values instead: the same values, other ops).
+_MONOTONIC = frozenset({"Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Sigmoid", "Tanh", "Exp", "Log", "Log1p",
+                        "Sqrt", "Softplus", "Floor", "Ceil", "Rint", "Round", "Cast", "Erf", "Asinh", "Atan"})
+_MAX_LIKE = frozenset({"Max", "Min", "ArgMax", "ArgMin", "MaxPool", "MaxPoolV2", "MaxPool3D"})
+
+
+def folds_into(producer_type: str, reader_type: str) -> bool:
+    """Can Grappler fold an op of `producer_type` into its only reader, of `reader_type`?"""
+    return ((producer_type in _ARITHMETIC and reader_type in _ARITHMETIC)
+            or (producer_type in _UNARY and reader_type in _UNARY)
+            or (producer_type in _MONOTONIC and reader_type in _MAX_LIKE)
+            or (producer_type, reader_type) in _FUSED or (producer_type, reader_type) in LOOK_THROUGH)
+
+
+def hides_rewrite(graph: Graph, tensor: str, consumer: str) -> str:
+    """Why a swap-in of `tensor` for `consumer` would change Grappler's rewrite of `consumer` ('' if not).
+
+    A consumer that reads through the tensor's producer (`LOOK_THROUGH`), or the
+    tensor's only reader, into which Grappler folds the producer (`folds_into`).
+    """
+    producer = graph.producer(tensor)
+    reader = graph.ops[consumer]
+    if (producer.type, reader.type) in LOOK_THROUGH:
+        return f"Grappler reads {reader.type} {consumer!r} through its {producer.type} input"
+    readers = graph.live_readers(tensor)
+    if readers == (consumer,) and folds_into(producer.type, reader.type):
+        return f"Grappler folds this {producer.type} into its only reader, {reader.type} {consumer!r}"
+    return ""
+
+
+def recompute_changes_readers(graph: Graph, tensor: str, chain: list[str], consumers: tuple[str, ...]) -> str:
+    """Why rebuilding `tensor` by cloning `chain` for `consumers` would change a Grappler rewrite ('' if not).
+
+    Grappler folds an op with one reader into that reader. Rerouting the
+    consumers leaves the tensor's producer with its other readers only, and a
+    clone is read by the consumers (the last clone) or by the next clones only:
+    where an op and its stand-in fall on different sides of "one reader" and
+    the op could be folded into that one reader (`folds_into`), the graph with
+    the clones is rewritten differently from the graph without.
+    """
+    producer = graph.producer(tensor).name
+    in_chain = set(chain)
+    for name in chain:
+        op = graph.ops[name]
+        readers = {c for t in op.outputs for c in graph.live_readers(t)}
+        clone_readers = {c for c in readers if c in in_chain}
+        if name == producer:
+            clone_readers |= set(consumers)
+            kept = readers - set(consumers)  # the original keeps its other readers
+            if len(readers) > 1 and len(kept) == 1:
+                (only,) = kept
+                if folds_into(op.type, graph.ops[only].type):
+                    return (f"{op.type} {name!r} would keep one reader, {graph.ops[only].type} {only!r}, which "
+                            "Grappler folds it into")
+        if len(readers) > 1 and len(clone_readers) == 1:
+            (only,) = clone_readers
+            if folds_into(op.type, graph.ops[only].type):
+                return (f"the clone of {op.type} {name!r} would have one reader, {graph.ops[only].type} "
+                        f"{only!r}, which Grappler folds it into (the original has {len(readers)})")
+    return ""

@@ -1,0 +1,206 @@
+"""Issue 33's cases 1-3 are avoided by the planners, and the equivalence check catches what is not.
+
+Each case is the issue's minimal reproduction: the step returns its gradients,
+which must equal ``tf.function``'s bit for bit. ``check=False`` shows that the
+planner's rules alone avoid the case (`lms.anchor`, `lms.rewrites`); the
+harmful plans injected below show that the check (`lms.tf.equivalence`) finds
+and corrects what a planner would do wrong, and that they are harmful indeed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import lms  # noqa: E402
+import lms.planner  # noqa: E402
+import lms.recompute_planner  # noqa: E402
+import lms.tf.function  # noqa: E402
+from lms.tf.equivalence import optimized_differences  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+
+def distillation():
+    """Case 1: CE + the KL divergence of softened softmaxes (a Mul that Grappler folds into the division)."""
+    keras.utils.set_random_seed(1)
+    m = keras.Sequential([keras.Input((16, 16, 1)), keras.layers.Conv2D(8, 3, strides=2, padding="same"),
+                          keras.layers.Flatten(), keras.layers.Dense(10)])
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=(8, 16, 16, 1)).astype("float32")
+    y = np.arange(8) % 10
+    t = rng.normal(size=(8, 10)).astype("float32")
+
+    def step(x, y, t):
+        with tf.GradientTape() as tape:
+            s = m(x, training=True)
+            loss = 0.1 * keras.losses.sparse_categorical_crossentropy(y, s, from_logits=True)[0] \
+                + 0.9 * keras.losses.KLDivergence()(tf.nn.softmax(t / 10), tf.nn.softmax(s / 10)) * 100
+        return tape.gradient(loss, m.trainable_variables)
+
+    return step, (x, y, t)
+
+
+def hard_swish():
+    """Case 1 in MobileNetV3: ``x * relu6(x + 3) / 6``."""
+    keras.utils.set_random_seed(1)
+    m = keras.Sequential([keras.Input((8, 8, 2)), keras.layers.Conv2D(4, 3), keras.layers.Activation("hard_swish"),
+                          keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(1)])
+    x = np.random.default_rng(0).normal(size=(4, 8, 8, 2)).astype("float32")
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(m(x, training=True)))
+        return tape.gradient(loss, m.trainable_variables)
+
+    return step, (x,)
+
+
+def nt_xent():
+    """Case 2: SimCLR's NT-Xent, ``matmul(p1, transpose(p2))`` (Grappler folds the Transpose into the MatMul)."""
+    keras.utils.set_random_seed(1)
+    head = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8)])
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(6, 8)).astype("float32"), rng.normal(size=(6, 8)).astype("float32")
+
+    def step(a, b):
+        with tf.GradientTape() as tape:
+            p1, p2 = tf.math.l2_normalize(head(a), axis=1), tf.math.l2_normalize(head(b), axis=1)
+            sim = tf.matmul(p1, tf.transpose(p2)) / 0.1
+            labels = tf.range(6)
+            loss = (keras.losses.sparse_categorical_crossentropy(labels, sim, from_logits=True)
+                    + keras.losses.sparse_categorical_crossentropy(labels, tf.transpose(sim), from_logits=True)) / 2
+        return tape.gradient(loss, head.trainable_variables)
+
+    return step, (a, b)
+
+
+def vit_mlp():
+    """Case 3: a ViT MLP block's GELUs, recomputed (``0.5 * x`` keeps one reader and is reassociated)."""
+    keras.utils.set_random_seed(1)
+    inp = keras.Input((16, 16))
+    h = keras.layers.Dense(16, activation="gelu")(keras.layers.Dense(32, activation="gelu")(inp))
+    m = keras.Model(inp, keras.layers.Dense(10)(keras.layers.Flatten()(h)))
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(4, 16, 16)).astype("float32"), np.arange(4)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, m(x, training=True))
+        return tape.gradient(loss, m.trainable_variables)
+
+    return step, (x, y)
+
+
+def _differing(step, args, fn) -> list[int]:
+    expected = tf.function(step)(*args)
+    got = fn(*args)
+    return [i for i, (a, b) in enumerate(zip(expected, got)) if not np.array_equal(a.numpy(), b.numpy())]
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["checked", "unchecked"])
+@pytest.mark.parametrize("emulate", [True, False], ids=["emulated", "device"])
+@pytest.mark.parametrize("case, swapped, folded", [
+    ("distillation", "Reshape", "gradient_tape/mul_1"),
+    ("hard_swish", "Relu6", "gradient_tape/sequential_1/activation_1/mul/Mul_1"),
+])
+def test_a_trigger_stays_off_an_op_grappler_folds(case, swapped, folded, emulate, check):
+    """The trigger was a ``Mul`` with two readers, one of them the pruned gradient of a constant divisor."""
+    step, args = globals()[case]()
+    fn = lms.function(step, config=lms.LMSConfig(incl_types=[swapped]), emulate=emulate, check=check)
+    assert _differing(step, args, fn) == []
+    (s,) = fn.summary.swapped
+    assert s.trigger is not None and not s.trigger.endswith(folded.rsplit("/", 1)[1]) or s.trigger != folded
+    assert fn.summary.corrections == ()  # avoided by the planner, not corrected
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["checked", "unchecked"])
+@pytest.mark.parametrize("emulate", [True, False], ids=["emulated", "device"])
+def test_a_transpose_read_by_a_matmul_is_not_swapped(emulate, check):
+    step, args = nt_xent()
+    fn = lms.function(step, config=lms.LMSConfig(incl_types=["Transpose"]), emulate=emulate, check=check)
+    assert _differing(step, args, fn) == []
+    assert fn.summary.n_swapped == 0
+    assert any("Grappler reads MatMul" in k.reason for k in fn.plan.skipped if k.tensor == "transpose:0")
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["checked", "unchecked"])
+@pytest.mark.parametrize("emulate", [True, False], ids=["emulated", "device"])
+def test_gelu_recompute_keeps_grapplers_rewrites(emulate, check):
+    step, args = vit_mlp()
+    fn = lms.function(step, config=lms.LMSConfig(n_tensors=0, recompute="cheap"), emulate=emulate, check=check)
+    assert _differing(step, args, fn) == []
+    recomputed = fn.summary.recomputed
+    assert recomputed and all(t.endswith("Gelu/mul_1:0") for t in recomputed)  # not the 0.5 * x of each GELU
+    skipped = {k.tensor: k.reason for k in fn.plan.recompute.skipped}
+    assert any(t.endswith("Gelu/mul:0") and "Grappler folds it into" in r for t, r in skipped.items())
+
+
+# ---- the check fires: harmful plans are detected and corrected --------------------------------
+
+def _harmful_trigger(monkeypatch):
+    original = lms.tf.function.plan_swaps
+
+    def plan(graph, config):
+        p = original(graph, config)
+        (s,) = p.swaps
+        si = dataclasses.replace(s.swap_ins[0], trigger="gradient_tape/mul_1")
+        return dataclasses.replace(p, swaps=(dataclasses.replace(s, swap_ins=(si,)),))
+
+    monkeypatch.setattr(lms.tf.function, "plan_swaps", plan)
+    return distillation(), lms.LMSConfig(incl_types=["Reshape"]), "trigger moved"
+
+
+def _harmful_swap_in(monkeypatch):
+    monkeypatch.setattr(lms.planner, "hides_rewrite", lambda *a: "")
+    return nt_xent(), lms.LMSConfig(incl_types=["Transpose"]), "swap-in dropped"
+
+
+def _harmful_recompute(monkeypatch):
+    monkeypatch.setattr(lms.recompute_planner, "recompute_changes_readers", lambda *a: "")
+    return vit_mlp(), lms.LMSConfig(n_tensors=0, recompute="cheap"), "recompute dropped"
+
+
+@pytest.mark.parametrize("harm", ["trigger", "swap_in", "recompute"])
+@pytest.mark.parametrize("emulate", [True, False], ids=["emulated", "device"])
+def test_the_check_corrects_a_harmful_plan(monkeypatch, harm, emulate):
+    (step, args), config, kind = globals()[f"_harmful_{harm}"](monkeypatch)
+    unchecked = lms.function(step, config=config, emulate=emulate, check=False)
+    assert _differing(step, args, unchecked) != []  # the plan is harmful
+    checked = lms.function(step, config=config, emulate=emulate)
+    assert _differing(step, args, checked) == []
+    corrections = checked.summary.corrections
+    assert corrections and {c.kind for c in corrections} == {kind}
+    assert all(c.reason for c in corrections)
+    if harm == "trigger":  # re-anchored, not dropped: the tensor is still swapped
+        (c,) = corrections
+        assert c.detail.startswith("trigger gradient_tape/mul_1 -> ")
+        assert checked.summary.swapped[0].trigger == c.detail.rsplit(" -> ", 1)[1]
+    assert checked.timings["check_s"] > 0
+
+
+def test_optimized_differences_compare_by_value():
+    """Two optimized graphs that differ only in names and in which of two equal nodes was kept are equal."""
+    from tensorflow.core.framework import graph_pb2, node_def_pb2
+
+    def graph(const_names, order):
+        g = graph_pb2.GraphDef()
+        for name in const_names:
+            c = g.node.add(name=name, op="Const")
+            c.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(1.0))
+        g.node.add(name="x", op="_Arg")
+        add = node_def_pb2.NodeDef(name="add", op="AddV2", input=[order[0], order[1]])
+        g.node.append(add)
+        return g
+
+    plan = lms.SwapPlan(config=lms.LMSConfig())
+    assert optimized_differences(graph(["a/y"], ["a/y", "x"]), graph(["b/y"], ["x", "b/y"]), plan) == []
+    g = graph(["a/y"], ["a/y", "x"])
+    g.node[-1].op = "Sub"
+    assert [d.node for d in optimized_differences(graph(["a/y"], ["a/y", "x"]), g, plan)] == ["add", "add"]
