@@ -1,0 +1,158 @@
+"""The shape of the code, checked from its imports (no module is imported here).
+
+- no import circle among a package's modules (every import counts, deferred ones inside functions
+  too: deferring an import hides a circle from Python, not from the reader);
+- no module of ``lms/`` or ``tuner/`` over 500 lines;
+- no ``from x import _private`` across modules: what another module needs is public where it lives.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("lms", "tuner")
+MAX_LINES = 500
+
+
+def _modules(package: str) -> dict[str, Path]:
+    out = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+ALL = {name: path for package in PACKAGES for name, path in _modules(package).items()}
+
+
+def _is_package(module: str) -> bool:
+    return ALL[module].name == "__init__.py"
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if _is_package(module) else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(tree: ast.Module):
+    """Every import statement, at module level or deferred inside a function (a deferred import
+    still makes the importer depend on the imported), except those under ``if TYPE_CHECKING:``."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def _edges(module: str) -> set[str]:
+    """Project modules that ``module`` imports."""
+    tree = ast.parse(ALL[module].read_text())
+    targets: set[str] = set()
+    for node in _imports(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            source = _resolve(module, node)
+            names = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in ALL else source for alias in node.names]
+        for name in names:
+            # importing a.b.c runs a, a.b and a.b.c; the edge that matters is the deepest project module
+            while name and name not in ALL:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                targets.add(name)
+    # a package's __init__ is run before any of its modules: that edge is implied, not a circle
+    return {t for t in targets if not module.startswith(t + ".")}
+
+
+def _circles(package: str) -> list[list[str]]:
+    graph = {m: _edges(m) for m in ALL if m == package or m.startswith(package + ".")}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_circle(package):
+    assert _circles(package) == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_module_over_500_lines(package):
+    long = {m: n for m, p in _modules(package).items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_private_name_imported_across_modules(package):
+    found = []
+    for module, path in _modules(package).items():
+        for node in _imports(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = _resolve(module, node)
+            if source == module:
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{module}: from {source} import {alias.name}")
+    assert found == []
+
+
+def test_the_checker_sees_a_circle(tmp_path, monkeypatch):
+    """The checker itself: a deferred import closes a circle too; a module that only imports into
+    the circle is not part of it; an import under TYPE_CHECKING is not counted."""
+    pkg = tmp_path / "demo"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from demo.b import f\n")
+    (pkg / "b.py").write_text("def f():\n    from . import a\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nfrom demo.b import f\nif TYPE_CHECKING:\n    from demo import d\n")
+    (pkg / "d.py").write_text("from demo.c import f\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    mods = _modules("demo")
+    monkeypatch.setitem(globals(), "ALL", mods)
+    assert _circles("demo") == [["demo.a", "demo.b"]]
