@@ -1,0 +1,100 @@
+"""The README stays a front door, and every relative link in it and in docs/ resolves (file and #anchor).
+
+Plain text processing, no TensorFlow: runs in well under a second.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+MAX_README_LINES = 250
+DOCS = sorted([README, *(ROOT / "docs").glob("*.md")])
+
+_FENCE = re.compile(r"^(```|~~~).*?^\1\s*$", re.MULTILINE | re.DOTALL)
+_INLINE_CODE = re.compile(r"`[^`\n]*`")
+_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)\)")
+_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$", re.MULTILINE)
+
+
+def _prose(text: str) -> str:
+    """The text without fenced code blocks (links in them are examples, not links)."""
+    return _FENCE.sub("", text)
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped (not ``-``/``_``), spaces to ``-``."""
+    text = heading.strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading anchor of a Markdown file, with GitHub's ``-1``, ``-2`` suffixes for repeats."""
+    seen: dict[str, int] = {}
+    found = set()
+    for match in _HEADING.finditer(_prose(path.read_text(encoding="utf-8"))):
+        base = github_anchor(match.group(2))
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def relative_links(path: Path) -> list[str]:
+    """Targets of the Markdown links and images in `path` that point inside the repository."""
+    prose = _prose(path.read_text(encoding="utf-8"))
+    targets = []
+    for line in prose.splitlines():
+        # a link inside inline code is text; strip inline code first, keeping link syntax outside it
+        for match in _LINK.finditer(_INLINE_CODE.sub(lambda m: "x" * len(m.group(0)), line)):
+            target = match.group(1)
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+                continue
+            targets.append(target)
+    return targets
+
+
+def test_github_anchor_follows_githubs_rules():
+    assert github_anchor('`config="auto"` in detail') == "configauto-in-detail"
+    assert github_anchor("Measured in fresh processes, one batch each (`--confirm`)") == \
+        "measured-in-fresh-processes-one-batch-each---confirm"
+    assert github_anchor("The tuner's efficiency") == "the-tuners-efficiency"
+    assert github_anchor("Long skip connections: `swap_branches`") == "long-skip-connections-swap_branches"
+
+
+def test_readme_is_a_front_door_of_at_most_250_lines():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines; move depth into docs/"
+
+
+def test_the_readme_links_the_guides():
+    linked = {Path(t.split("#")[0]).name for t in relative_links(README)}
+    for guide in ("lms.md", "tuner.md", "results.md", "troubleshooting.md", "gpu.md", "equivalence.md",
+                  "default_search.md"):
+        assert guide in linked, f"README.md does not link docs/{guide}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(doc: Path):
+    broken = []
+    for target in relative_links(doc):
+        file_part, _, anchor = target.partition("#")
+        dest = (doc.parent / file_part).resolve() if file_part else doc
+        if not dest.exists():
+            broken.append(f"{target}: {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest} does not exist")
+            continue
+        if anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target}: no heading with anchor #{anchor} in {dest.relative_to(ROOT)}")
+    assert not broken, f"{doc.relative_to(ROOT)}: broken links:\n" + "\n".join(broken)
+
+
+def test_the_link_check_finds_a_broken_link(tmp_path: Path):
+    (tmp_path / "a.md").write_text("# Title\n\nSee [b](b.md), [here](#title), [gone](#nowhere).\n"
+                                   "```\n[not a link](missing.md)\n```\n", encoding="utf-8")
+    assert relative_links(tmp_path / "a.md") == ["b.md", "#title", "#nowhere"]
+    assert anchors(tmp_path / "a.md") == {"title"}
