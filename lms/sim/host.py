@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from ..plan import SwapPlan
     from .result import SimResult
 
-__all__ = ["host_peak", "fits", "host_fits", "plan_within_host_budget", "HostBudgetError", "check_host_budget"]
+__all__ = ["host_peak", "fits", "host_fits", "plan_within_host_budget", "HostBudgetError", "check_host_budget",
+           "predicted_host_peak"]
 
 
 class HostBudgetError(ValueError):
@@ -61,6 +62,15 @@ def _host_peak_of(graph: "Graph", plan: "SwapPlan", batch: int) -> int:
     from .interpreter import simulate
 
     return simulate(graph, plan, batch=batch, timeline=False).peak_host_bytes
+
+
+def predicted_host_peak(graph: "Graph", plan: "SwapPlan", batch: int | None = None) -> int:
+    """Host bytes `plan`'s swapped tensors hold at once at their peak at `batch` (default: the plan's), PREDICTED
+    by the order-based simulator (no device: copies take no time)."""
+    if not plan.swaps:
+        return 0
+    at = batch or plan.batch_size or graph.batch_size or 1
+    return _host_peak_of(graph, plan, int(at))
 
 
 def plan_within_host_budget(graph: "Graph", config: "LMSConfig", host_budget: int, *,
