@@ -144,16 +144,23 @@ def add_host_fields(doc: dict[str, Any], attrs: Mapping[str, Any], settings: Any
                     predicted_label: str) -> None:
     """recommended.json's host figures: ``peak_host_bytes`` with its source, ``host_budget`` and, on a
     GPU, the ``TF_GPU_HOST_MEM_LIMIT_IN_MB`` the recommendation needs."""
-    measured_host = attrs.get("host_copies_peak_bytes") if attrs.get("measured") else None
-    if measured_host is not None:
-        doc["peak_host_bytes"] = int(measured_host)
-        doc["sources"]["peak_host_bytes"] = f"{label} (the emulated swap copies' peak)"
+    measured = bool(attrs.get("measured"))
+    predicted = attrs.get("predicted_peak_host_bytes") if measured else attrs.get("peak_host_bytes")
+    if predicted is not None:
+        doc.setdefault("predicted", {})["peak_host_bytes"] = int(predicted)
+    if measured and attrs.get("host_copies_peak_bytes") is not None:
+        doc["peak_host_bytes"] = int(attrs["host_copies_peak_bytes"])
+        doc["sources"]["peak_host_bytes"] = f"{label} (peak of the emulated swap copies' host bytes)"
+    elif measured:
+        # no host figure measured (a GPU run, or nothing swapped): the simulator's, scaled from its batch to
+        # the measured one (the swapped tensors are activations: bytes proportional to the batch)
+        pb, batch = attrs.get("predicted_batch"), attrs.get("batch_size")
+        scaled = int(predicted * batch / pb) if predicted is not None and pb and batch else predicted
+        doc["peak_host_bytes"] = scaled
+        doc["sources"]["peak_host_bytes"] = f"{predicted_label}, scaled to the measured batch"
     else:
-        peak = attrs.get("peak_host_bytes")
-        doc["peak_host_bytes"] = int(peak) if peak is not None else None
+        doc["peak_host_bytes"] = int(predicted) if predicted is not None else None
         doc["sources"]["peak_host_bytes"] = predicted_label
-    if attrs.get("peak_host_bytes") is not None:
-        doc.setdefault("predicted", {})["peak_host_bytes"] = int(attrs["peak_host_bytes"])
     host_budget = getattr(settings, "host_budget_bytes", None)
     doc["host_budget"] = {"bytes": host_budget, "source": getattr(settings, "host_budget_source", "") or ""}
     if targets_gpu(settings.backend, settings.device):

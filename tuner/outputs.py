@@ -460,8 +460,7 @@ def trials_rows(study: Any, *, label: str, table: KnobTable = KNOB_TABLE) -> lis
             "figures": "measured" if measured else ("predicted" if a.get("backend") else ""),
             "batch_size": a.get("batch_size"), "throughput": a.get("throughput"),
             "peak_device_bytes": a.get("peak_device_bytes"), "peak_source": a.get("peak_source"),
-            "peak_host_bytes": a.get("host_copies_peak_bytes", a.get("peak_host_bytes")) if measured
-            else a.get("peak_host_bytes"),
+            "peak_host_bytes": a.get("host_copies_peak_bytes") if measured else a.get("peak_host_bytes"),
             "predicted_batch": a.get("predicted_batch"), "predicted_peak_bytes": a.get("predicted_peak_bytes"),
             "predicted_throughput": a.get("predicted_throughput"),
             "constraint": (a.get("constraint") or [None])[0], "reason": a.get("reason", ""),

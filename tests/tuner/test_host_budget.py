@@ -100,3 +100,17 @@ def test_simulated_resnet50_search_under_an_8gib_host_budget(tmp_path: Path) -> 
                      "--min-throughput-ratio", "0.5", "--no-report", "--study", "bound", "--host-budget", "4GiB"],
                     cwd=tmp_path, timeout=120)
     assert again.returncode == 2 and "host budget 8.00 GiB, not 4.00 GiB" in again.stderr, again.stderr
+
+
+def test_gpu_workers_get_a_pinned_limit_that_fits_the_host_budget(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from tuner.backends import get_backend
+    from tuner.host import worker_host_limit_bytes
+
+    assert worker_host_limit_bytes(SimpleNamespace(host_budget_bytes=8 * GiB), 12 * GiB) == 12 * GiB
+    assert worker_host_limit_bytes(SimpleNamespace(host_budget_bytes=None), 12 * GiB) == 12 * GiB
+    assert worker_host_limit_bytes(SimpleNamespace(host_budget_bytes=200 * GiB), 96 * GiB) == 200 * GiB
+    monkeypatch.setattr("tuner.environment.host_memory_bytes", lambda: 128 * GiB)
+    settings = SimpleNamespace(budget_bytes=16 * GiB, gpus=(), gpu="GPU-x", workers=1, host_budget_bytes=300 * GiB)
+    assert get_backend("gpu").worker_limits(settings)["host_memory_limit_bytes"] == 300 * GiB

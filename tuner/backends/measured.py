@@ -361,6 +361,7 @@ def measured_record(config: Any, outcome: WorkerOutcome, pred: Prediction, *, ba
     probes = [e for e in outcome.events if e.get("event") == "probe"]
     extra: dict[str, Any] = {
         "predicted_batch": pred.batch, "worker_wall_s": round(outcome.wall_s, 2),
+        "predicted_peak_host_bytes": pred.peak_host_bytes,
         "trial_dir": str(trial_dir), "probes": [{k: p.get(k) for k in ("batch", "fits", "peak_bytes", "oom")}
                                                 for p in probes],
     }
@@ -427,6 +428,7 @@ def fresh_record(config: Any, fresh: FreshRuns, pred: Prediction, *, backend: Ba
     lo, hi, _, failed = ends(by_batch)
     extra: dict[str, Any] = {
         "predicted_batch": pred.batch, "trial_dir": str(trial_dir), "fresh_processes": len(runs),
+        "predicted_peak_host_bytes": pred.peak_host_bytes,
         "worker_wall_s": round(sum(float(r.get("wall_s") or 0.0) for r in runs), 2),
         "tried": [[int(r["batch"]), verdict_word(r.get("status"))] for r in runs], "bracket_start": fresh.start}
     common = dict(config=config, backend=backend.name, measured=True, predicted_peak_bytes=pred.peak_bytes,
