@@ -9,6 +9,9 @@ predicted figures, on the graph the step traced with the plan it applied:
 - ``summary``: `LMSSummary.peak_host_bytes` (the order-based simulator, no device), what ``step.summary`` says;
 - ``cpu``: ``simulate(..., device="cpu")`` (TF's single-threaded executor order, the emulated device's model).
 
+Part 3 (PREDICTED only): the README's headline configurations (P100-16GB profile, 16 GiB): each one's max
+batch with this code (no host bound) and the host bytes its swapped tensors hold at peak there.
+
 Part 2 (PREDICTED only): ResNet-50 224x224 at 16 GiB with the simulate backend (device profile V100-16GB),
 ``python -m tuner search --model resnet50 --backend simulate --budget 16GiB --trials N --seed 0`` with
 ``--host-budget none``, the default (75% of this machine's RAM) and ``--host-budget 8GiB``.
@@ -131,12 +134,54 @@ def search(trials: int, host: str | None, timeout: float) -> dict[str, Any]:
             "figures": "PREDICTED (" + doc["sources"]["peak_host_bytes"] + ")", "wall_s": round(wall, 1)}
 
 
+#: The README's headline configurations (P100-16GB profile, 16 GiB): (row key of benchmarks/paper.py, label,
+#: config fields or None for no LMS, the batch the README quotes). Each config's max batch is found again
+#: with this code (`max_batch`, no host bound) and its host peak taken there (PREDICTED).
+HEADLINES: list[tuple[str, str, dict[str, Any] | None, int]] = [
+    ("resnet50", "ResNet-50 224, no LMS", None, 198),
+    ("resnet50", "ResNet-50 224, schedule=memory lb=1", {"n_tensors": -1, "lb": 1, "schedule": "memory"}, 1254),
+    ("resnet50", "ResNet-50 224, schedule=memory lb=1 prefetch=headroom",
+     {"n_tensors": -1, "lb": 1, "schedule": "memory", "prefetch": "headroom"}, 1236),
+    ("gpt2_small", "GPT-2 small seq 2048, schedule=memory lb=1 recompute=cheap",
+     {"n_tensors": -1, "lb": 1, "schedule": "memory", "recompute": "cheap"}, 22),
+    ("unet3d", "3D U-Net 192^3, schedule=memory lb=1", {"n_tensors": -1, "lb": 1, "schedule": "memory"}, 1),
+]
+
+
+def headlines() -> list[dict[str, Any]]:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import paper
+
+    from lms import LMSConfig, plan_swaps
+    from lms.simulator import InfeasibleBudget, max_batch
+
+    specs = {r.key: r for r in paper.ROWS}
+    rows = []
+    for key, label, fields, readme_batch in HEADLINES:
+        graph, _, _ = paper.load_graph(specs[key])
+        plan = plan_swaps(graph, LMSConfig(**fields)) if fields else None
+        try:  # as benchmarks/recompute.py finds the batch: max_batch of the plan at 16 GiB, P100 profile
+            m = max_batch(graph, plan, 16 * GiB, device="P100-16GB")
+        except InfeasibleBudget as exc:
+            rows.append({"row": label, "config": fields, "batch": 0, "readme_batch": readme_batch,
+                         "error": str(exc)[:300]})
+            continue
+        rows.append({"row": label, "config": fields, "batch": m.batch, "readme_batch": readme_batch,
+                     "device": "P100-16GB", "budget_bytes": 16 * GiB, "peak_device_bytes": m.peak_bytes,
+                     "peak_host_bytes": m.peak_host_bytes, "throughput": round(m.throughput, 1),
+                     "figures": "PREDICTED (simulator, P100-16GB profile, max_batch at 16 GiB, no host bound)"})
+        print(f"  {label}: batch {m.batch} (README {readme_batch}), host {m.peak_host_bytes / GiB:.1f} GiB, "
+              f"device {m.peak_bytes / GiB:.2f} GiB", file=sys.stderr)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--child", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--trials", type=int, default=20, help="trials per ResNet-50 search (default: %(default)s)")
     parser.add_argument("--skip-search", action="store_true", help="part 1 only")
     parser.add_argument("--skip-measure", action="store_true", help="part 2 only (keeps part 1 of the JSON)")
+    parser.add_argument("--skip-headlines", action="store_true", help="keep part 3 of the JSON")
     parser.add_argument("--timeout", type=float, default=1200)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -167,6 +212,11 @@ def main(argv: list[str] | None = None) -> int:
             doc["resnet50_16GiB"].append(row)
             print(f"  --host-budget {row.get('host_budget_arg')}: batch {row.get('batch_size')}, peak_host_bytes "
                   f"{(row.get('peak_host_bytes') or 0) / GiB:.2f} GiB ({row.get('error', '')[:200]})", file=sys.stderr)
+    if args.skip_headlines:
+        doc["headlines"] = old.get("headlines", [])
+    else:
+        print("part 3: the README's headline configurations, host peak (PREDICTED)", file=sys.stderr)
+        doc["headlines"] = headlines()
     atomic_write_text(args.output, json.dumps(doc, indent=1) + "\n")
     print(json.dumps(doc, indent=1))
     return 0
