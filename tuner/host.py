@@ -27,7 +27,7 @@ from .budget import BudgetError, format_bytes, parse_budget
 
 __all__ = ["HOST_FRACTION", "PINNED_DEFAULT_BYTES", "PINNED_ENV", "NO_HOST_BOUND", "parse_host_budget",
            "physical_memory_bytes", "default_host_budget", "targets_gpu", "host_miss_reason", "pinned_limit_mb",
-           "host_budget_conflict", "add_host_fields", "host_lines", "worker_host_limit_bytes"]
+           "host_budget_conflict", "add_host_fields", "host_lines", "worker_host_limit_bytes", "host_verdict"]
 
 #: Share of the physical RAM the default host budget allows.
 HOST_FRACTION = 0.75
@@ -188,3 +188,18 @@ def host_lines(doc: Mapping[str, Any]) -> list[str]:
         lines.append(f"  pinned host  needs {PINNED_ENV}={doc[PINNED_ENV]} (TF's default is "
                      f"{PINNED_DEFAULT_BYTES >> 20} MB)")
     return lines
+
+
+def host_verdict(record: Any, host_budget: int | None) -> Any:
+    """A measured trial record, made ``infeasible`` when its MEASURED host figure (the emulated swap copies'
+    peak) exceeds `host_budget`, with the reason, as a device-budget miss is recorded."""
+    import dataclasses
+
+    host = (record.extra or {}).get("host_copies_peak_bytes")
+    if host_budget is None or record.status != "ok" or host is None or host <= host_budget:
+        return record
+    return dataclasses.replace(
+        record, status="infeasible", batch_size=0, throughput=0.0, constraint=max(host / host_budget - 1.0, 1e-6),
+        reason=(f"measured: batch {record.batch_size} held {format_bytes(host)} of swapped tensors in host memory "
+                f"> host budget {format_bytes(host_budget)}"),
+        extra={**record.extra, "limited_by": "host", "host_limited_batch": record.batch_size})

@@ -114,3 +114,16 @@ def test_gpu_workers_get_a_pinned_limit_that_fits_the_host_budget(monkeypatch) -
     monkeypatch.setattr("tuner.environment.host_memory_bytes", lambda: 128 * GiB)
     settings = SimpleNamespace(budget_bytes=16 * GiB, gpus=(), gpu="GPU-x", workers=1, host_budget_bytes=300 * GiB)
     assert get_backend("gpu").worker_limits(settings)["host_memory_limit_bytes"] == 300 * GiB
+
+
+def test_a_measured_trial_over_the_host_budget_is_infeasible_with_its_reason() -> None:
+    from tuner.host import host_verdict
+    from tuner.records import TrialRecord
+
+    ok = TrialRecord(config=None, backend="emulated", measured=True, status="ok", batch_size=64, throughput=10.0,
+                     peak_device_bytes=100, peak_source="tf", predicted_peak_bytes=90, predicted_throughput=9.0,
+                     constraint=-0.1, extra={"host_copies_peak_bytes": 3 * GiB})
+    assert host_verdict(ok, None) is ok and host_verdict(ok, 4 * GiB) is ok
+    miss = host_verdict(ok, 2 * GiB)
+    assert (miss.status, miss.batch_size, miss.extra["limited_by"]) == ("infeasible", 0, "host")
+    assert miss.constraint > 0 and "held 3.00 GiB of swapped tensors in host memory > host budget 2.00 GiB" in miss.reason

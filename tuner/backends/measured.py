@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping
 
 from ..batch import Prediction
 from ..bracket import ends, verdicts, verdict_word
+from ..host import host_verdict
 from ..confirm import (RECORDED_FIGURES, FreshRuns, confirm_recommendation, fresh_process_trials, measure_trial,
                        retime_in_fresh_processes)
 from ..budget import format_bytes
@@ -236,7 +237,8 @@ class MeasuredBackend(Backend):
                 return machine_error_record(config, f"{type(exc).__name__}: {exc}", backend=self, pred=pred)
             if fresh is None:
                 raise Interrupted()
-            return fresh_record(config, fresh, pred, backend=self, usable=usable, trial_dir=trial_dir)
+            return host_verdict(fresh_record(config, fresh, pred, backend=self, usable=usable, trial_dir=trial_dir),
+                                s.host_budget_bytes)
         start, cap = s.goal.first_probe(pred, batch_factor)
         request = MeasureRequest(
             workload=s.model, options=dict(s.model_options), config=config.to_dict(), backend=self.name,
@@ -292,8 +294,8 @@ class MeasuredBackend(Backend):
                                                 stop=should_stop)
             if retimed is None:
                 raise Interrupted()
-        return measured_record(config, outcome, pred, backend=self, usable=usable, trial_dir=trial_dir,
-                               retimed=retimed)
+        return host_verdict(measured_record(config, outcome, pred, backend=self, usable=usable, trial_dir=trial_dir,
+                                            retimed=retimed), s.host_budget_bytes)
 
 
 class _Beside:
