@@ -150,7 +150,7 @@ def add_host_fields(doc: dict[str, Any], attrs: Mapping[str, Any], settings: Any
         doc.setdefault("predicted", {})["peak_host_bytes"] = int(predicted)
     if measured and attrs.get("host_copies_peak_bytes") is not None:
         doc["peak_host_bytes"] = int(attrs["host_copies_peak_bytes"])
-        doc["sources"]["peak_host_bytes"] = f"{label} (peak of the emulated swap copies' host bytes)"
+        doc["sources"]["peak_host_bytes"] = f"{label.split(' (')[0]} (peak of the emulated swap copies' host bytes)"
     elif measured:
         # no host figure measured (a GPU run, or nothing swapped): the simulator's, scaled from its batch to
         # the measured one (the swapped tensors are activations: bytes proportional to the batch)
