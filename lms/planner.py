@@ -218,12 +218,16 @@ def _in_scopes(name: str, scopes: Iterable[str]) -> bool:
     return any(name == s.rstrip("/") or name.startswith(s.rstrip("/") + "/") for s in scopes)
 
 
-def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
+def plan_swaps(graph: Graph, config: LMSConfig, *, host_budget: int | None = None) -> SwapPlan:
     """Plan swap-outs and swap-ins for `graph` under `config`.
 
     Args:
         graph: the training graph model (linted).
         config: the LMS knobs.
+        host_budget: host memory (bytes) the swapped tensors may hold at once, as the simulator
+            predicts it at the graph's batch size; the latest swaps are dropped (``n_tensors``
+            lowered, said by the plan's config) until it fits (`lms.sim.host.plan_within_host_budget`).
+            None: no host bound.
 
     Returns:
         A `SwapPlan`; empty when ``config.n_tensors == 0`` and ``config.recompute == "none"``.
@@ -231,6 +235,10 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
         (`lms.recompute_planner.plan_recompute`, planned first) and the swaps
         refer to the graph with the clones.
     """
+    if host_budget is not None:
+        from .sim.host import plan_within_host_budget
+
+        return plan_within_host_budget(graph, config, host_budget)
     if not config.enabled:
         return SwapPlan(config=config, graph_name=graph.name, batch_size=graph.batch_size)
     recompute = None

@@ -240,6 +240,9 @@ class Prediction:
         n_swapped: tensors the plan swaps.
         capped: the batch hit the search's cap.
         reason: why it does not fit ("" when it does).
+        peak_host_bytes: simulated host memory swapping holds at its peak, at `batch` (at batch 1 when
+            `batch` is 0; `lms.sim.host`).
+        limited_by: ``"device"`` or ``"host"``: which budget stopped the batch (or did not fit at all).
     """
 
     batch: int
@@ -251,6 +254,8 @@ class Prediction:
     n_swapped: int = 0
     capped: bool = False
     reason: str = ""
+    peak_host_bytes: int | None = None
+    limited_by: str = "device"
 
     @property
     def feasible(self) -> bool:
@@ -259,7 +264,7 @@ class Prediction:
 
 def predict_max_batch(graph: "Graph", config: "LMSConfig", budget_bytes: int, *,
                       device: "DeviceProfile | str | None", cap: int, allocator: str = "exact",
-                      op_costs: "OpCosts | None" = None) -> Prediction:
+                      op_costs: "OpCosts | None" = None, host_budget: int | None = None) -> Prediction:
     """Simulated max batch, peak and throughput of `config` on `graph` (no TensorFlow).
 
     ``allocator="exact"`` counts live bytes (fast: the simulate backend's
@@ -269,25 +274,33 @@ def predict_max_batch(graph: "Graph", config: "LMSConfig", budget_bytes: int, *,
     peak is that allocator's (ResNet-50 at 64x64 on the emulated device: live
     bytes predict batch 116 for ``n_tensors=-1``, the replay 80, measured 85).
     `op_costs`: measured per-op times (`lms.sim.OpCosts`) instead of the
-    device profile's roofline.
+    device profile's roofline. `host_budget`: host bytes swapping may hold (`lms.sim.host`; None: no bound).
     """
     from lms.simulator import InfeasibleBudget, bfc_adjusted_batch, max_batch, simulate
+
+    from .host import host_miss_reason
 
     if allocator not in ("exact", "bfc"):
         raise ValueError(f"allocator={allocator!r}: allowed values are 'exact', 'bfc'")
     try:
-        r = max_batch(graph, config, budget_bytes, device=device, limit=cap, op_costs=op_costs)
+        r = max_batch(graph, config, budget_bytes, device=device, limit=cap, op_costs=op_costs,
+                      host_budget_bytes=host_budget)
     except InfeasibleBudget as exc:
         first = simulate(graph, config, batch=1, device=device, timeline=False, op_costs=op_costs)
         need = int(getattr(exc, "min_bytes", first.peak_device_bytes))
         return Prediction(0, first.peak_device_bytes, first.step_time_s, 0.0, min_bytes=need, n_swapped=0,
                           reason=(f"simulator: even batch 1 with every candidate swapped needs {_mib(need)} "
-                                  f"> {_mib(budget_bytes)}"))
+                                  f"> {_mib(budget_bytes)}"), peak_host_bytes=first.peak_host_bytes)
+    if r.batch == 0 and r.limited_by == "host":
+        return Prediction(0, r.peak_bytes, r.step_time_s, 0.0, min_bytes=r.peak_bytes, n_swapped=r.n_swapped,
+                          reason=host_miss_reason(1, r.peak_host_bytes, host_budget),
+                          peak_host_bytes=r.peak_host_bytes, limited_by="host")
     if r.batch == 0:
         return Prediction(0, r.peak_bytes, r.step_time_s, 0.0, min_bytes=r.peak_bytes, n_swapped=r.n_swapped,
                           reason=(f"simulator: batch 1 needs {_mib(r.peak_bytes)} > "
                                   f"{_mib(budget_bytes)} with this config"))
     batch, peak, step_time, throughput, capped = r.batch, r.peak_bytes, r.step_time_s, r.throughput, r.capped
+    peak_host = r.peak_host_bytes
     kind = "exact"
     if allocator == "bfc":
         adjusted = bfc_adjusted_batch(graph, config, r.batch, budget_bytes, device=device, op_costs=op_costs)
@@ -299,6 +312,7 @@ def predict_max_batch(graph: "Graph", config: "LMSConfig", budget_bytes: int, *,
             at = simulate(graph, config, batch=adjusted["batch"], device=device, timeline=False,
                           op_costs=op_costs)
             batch, step_time, throughput, capped = adjusted["batch"], at.step_time_s, at.throughput, False
+            peak_host = at.peak_host_bytes
         peak, kind = adjusted["bfc_peak_bytes"], "bfc"
     slope = None
     if batch >= 2:
@@ -307,19 +321,23 @@ def predict_max_batch(graph: "Graph", config: "LMSConfig", budget_bytes: int, *,
         if batch // 2 < batch and peak > half.peak_device_bytes:
             slope = (peak - half.peak_device_bytes) / (batch - max(1, batch // 2))
     return Prediction(batch, peak, step_time, throughput, slope_bytes_per_sample=slope,
-                      n_swapped=r.n_swapped, capped=capped)
+                      n_swapped=r.n_swapped, capped=capped, peak_host_bytes=peak_host,
+                      limited_by=r.limited_by if batch == r.batch else "device")
 
 
 def predict_at_batch(graph: "Graph", config: "LMSConfig", budget_bytes: int, *, batch: int,
                      device: "DeviceProfile | str | None", allocator: str = "exact",
-                     op_costs: "OpCosts | None" = None) -> Prediction:
+                     op_costs: "OpCosts | None" = None, host_budget: int | None = None) -> Prediction:
     """Simulated peak and throughput of `config` at a fixed `batch` (``--batch``; no TensorFlow).
 
     Feasible when the simulated peak (live bytes, or TF's BFC allocator replayed
-    with ``allocator="bfc"``) fits `budget_bytes`; then ``batch`` is `batch`. When
-    it does not fit, ``batch`` is 0 and ``min_bytes`` the peak it needs at `batch`.
+    with ``allocator="bfc"``) fits `budget_bytes` and its host peak `host_budget` (None: no
+    host bound); then ``batch`` is `batch`. When it does not fit, ``batch`` is 0 and
+    ``min_bytes`` the peak it needs at `batch`.
     """
     from lms.simulator import simulate
+
+    from .host import host_miss_reason
 
     if allocator not in ("exact", "bfc"):
         raise ValueError(f"allocator={allocator!r}: allowed values are 'exact', 'bfc'")
@@ -327,5 +345,11 @@ def predict_at_batch(graph: "Graph", config: "LMSConfig", budget_bytes: int, *, 
     peak = int(r.peak_device_bytes)
     if peak > budget_bytes:
         return Prediction(0, peak, r.step_time_s, 0.0, min_bytes=peak, n_swapped=r.n_swap_outs,
-                          reason=f"simulator: batch {batch} needs {_mib(peak)} > {_mib(budget_bytes)} with this config")
-    return Prediction(batch, peak, r.step_time_s, r.throughput, n_swapped=r.n_swap_outs)
+                          reason=f"simulator: batch {batch} needs {_mib(peak)} > {_mib(budget_bytes)} with this config",
+                          peak_host_bytes=r.peak_host_bytes)
+    if host_budget is not None and r.peak_host_bytes > host_budget:
+        return Prediction(0, peak, r.step_time_s, 0.0, min_bytes=peak, n_swapped=r.n_swap_outs,
+                          reason=host_miss_reason(batch, r.peak_host_bytes, host_budget),
+                          peak_host_bytes=r.peak_host_bytes, limited_by="host")
+    return Prediction(batch, peak, r.step_time_s, r.throughput, n_swapped=r.n_swap_outs,
+                      peak_host_bytes=r.peak_host_bytes)

@@ -74,6 +74,21 @@ def _budget(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{_shown(text)!r} is not a memory size; use e.g. 16GiB or 512MiB") from None
 
 
+_HOST_NONE = "none"  # --host-budget none: no host bound (not given: `tuner.host.default_host_budget`)
+
+
+def _host_budget(text: str) -> int | str:
+    from .host import parse_host_budget
+
+    try:
+        value = parse_host_budget(text)
+        return _HOST_NONE if value is None else value
+    except BudgetError as exc:
+        raise argparse.ArgumentTypeError(_shorten(str(exc))) from None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{_shown(text)!r} is not a memory size; use e.g. 8GiB or none") from None
+
+
 def _int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     """An argparse type: an integer >= `minimum` (and <= `maximum` when given)."""
     def parse(text: str) -> int:
@@ -217,6 +232,9 @@ def _add_search(sub: Any) -> None:
     p.add_argument("--budget", type=_budget, default=None, metavar="SIZE",
                    help="device memory budget, e.g. 16GiB or 512MiB (default: the GPU's memory; simulate: the "
                         "device profile's; emulated: see above)")
+    p.add_argument("--host-budget", type=_host_budget, default=None, metavar="SIZE",
+                   help="host memory the swapped tensors may hold, e.g. 8GiB, or none (default: 75%% of this "
+                        "machine's RAM; on a GPU also at most TF's pinned host limit, 128 GiB)")
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="gpu | emulated | simulate (default: gpu when a GPU and CUDA TensorFlow are found, "
                         "else emulated)")
@@ -438,6 +456,13 @@ def build_search_settings(args: argparse.Namespace) -> Any:
     budget_source = "--budget"
     if budget is None:
         budget, budget_source = backend.default_budget(device=device, gpu_info=chosen.info)
+    from .host import default_host_budget, targets_gpu
+
+    host_budget, host_source = args.host_budget, "--host-budget"
+    if host_budget is None:
+        host_budget, host_source = default_host_budget(gpu=targets_gpu(backend, device))
+    elif host_budget == _HOST_NONE:
+        host_budget, host_source = None, "--host-budget none: no host bound"
     timeout = args.timeout
     if timeout is None:
         timeout = backend.default_timeout_s
@@ -450,7 +475,8 @@ def build_search_settings(args: argparse.Namespace) -> Any:
         trial_timeout_s=args.trial_timeout, seed=args.seed, steps=args.steps, warmup=args.warmup,
         safety_margin=args.safety_margin, max_batch=args.max_batch, sampler=args.sampler, prefer=args.prefer,
         min_throughput_ratio=args.min_throughput_ratio, gpu=args.gpu, gpus=chosen.gpus, workers=chosen.workers,
-        batch=args.batch, grow=args.grow, confirm=args.confirm, workload=desc, notes=tuple(notes))
+        batch=args.batch, grow=args.grow, confirm=args.confirm, workload=desc, notes=tuple(notes),
+        host_budget_bytes=host_budget, host_budget_source=host_source)
     problem = _claim_problem(settings)
     if problem:
         raise BadInput(problem)
@@ -709,7 +735,8 @@ def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | N
             workload=dict(stored.get("workload") or {}), safety_margin=float(stored.get("safety_margin", 0.05)),
             max_batch=int(stored.get("max_batch") or 4096), batch=stored.get("batch"),
             prefer=str(selection.get("prefer", "batch")),
-            min_throughput_ratio=float(selection.get("min_throughput_ratio", 0.8)))
+            min_throughput_ratio=float(selection.get("min_throughput_ratio", 0.8)),
+            host_budget_bytes=stored.get("host_budget_bytes"), host_budget_source=str(stored.get("host_budget_source", "")))
     except (TypeError, ValueError) as exc:
         raise BadInput(f"study {args.study!r} has unreadable tuner settings ({exc})") from None
     trials = study.get_trials(deepcopy=False)
@@ -926,7 +953,7 @@ def _join_negative_values(argv: list[str]) -> list[str]:
     out: list[str] = []
     i = 0
     while i < len(argv):
-        if argv[i] in ("--budget", "--timeout", "--trial-timeout", "--seed") and i + 1 < len(argv) \
+        if argv[i] in ("--budget", "--host-budget", "--timeout", "--trial-timeout", "--seed") and i + 1 < len(argv) \
                 and argv[i + 1].startswith("-") and argv[i + 1][1:2].isdigit():
             out.append(f"{argv[i]}={argv[i + 1]}")
             i += 2

@@ -71,7 +71,8 @@ RETIME_PROCESSES = 3
 MAX_ROUNDS = 3
 #: What a run keeps of its worker's result besides the verdict, throughput and peak (a trial measured in fresh
 #: processes records them from its fastest process at its batch, as an in-process trial from its timed run).
-RECORDED_FIGURES = ("step_time_spread_s", "step_times_s", "host_peak_rss_bytes", "nvml_process_peak_bytes",
+RECORDED_FIGURES = ("step_time_spread_s", "step_times_s", "host_peak_rss_bytes", "host_copies_peak_bytes",
+                    "nvml_process_peak_bytes",
                     "nvml_device_peak_bytes", "tensorflow", "device", "lms_summary", "peak_source")
 
 

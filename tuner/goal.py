@@ -28,8 +28,8 @@ class Goal:
     batch: int | None = None
 
     def predict(self, graph: Any, config: Any, usable: int, *, device: Any, cap: int, allocator: str,
-                op_costs: Any) -> Prediction:
-        """The simulator's verdict on `config` under this goal (PREDICTED)."""
+                op_costs: Any, host_budget: int | None = None) -> Prediction:
+        """The simulator's verdict on `config` under this goal (PREDICTED); `host_budget`: host bytes swapping may hold."""
         raise NotImplementedError
 
     def first_probe(self, pred: Prediction, batch_factor: float) -> tuple[int, int]:
@@ -53,9 +53,9 @@ class MaxBatch(Goal):
     cap: int = 4096
 
     def predict(self, graph: Any, config: Any, usable: int, *, device: Any, cap: int, allocator: str,
-                op_costs: Any) -> Prediction:
+                op_costs: Any, host_budget: int | None = None) -> Prediction:
         return predict_max_batch(graph, config, usable, device=device, cap=cap, allocator=allocator,
-                                 op_costs=op_costs)
+                                 op_costs=op_costs, host_budget=host_budget)
 
     def first_probe(self, pred: Prediction, batch_factor: float) -> tuple[int, int]:
         return (max(1, round(pred.batch * batch_factor)) if pred.feasible else 1), self.cap
@@ -74,9 +74,9 @@ class FixedBatch(Goal):
     batch: int = 1  # type: ignore[assignment]
 
     def predict(self, graph: Any, config: Any, usable: int, *, device: Any, cap: int, allocator: str,
-                op_costs: Any) -> Prediction:
+                op_costs: Any, host_budget: int | None = None) -> Prediction:
         return predict_at_batch(graph, config, usable, batch=self.batch, device=device, allocator=allocator,
-                                op_costs=op_costs)
+                                op_costs=op_costs, host_budget=host_budget)
 
     def first_probe(self, pred: Prediction, batch_factor: float) -> tuple[int, int]:
         return self.batch, self.batch

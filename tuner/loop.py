@@ -301,7 +301,10 @@ def _log_record(number: int, r: TrialRecord, count: str, space: SearchSpace) -> 
     kind = "measured" if r.measured else "predicted"
     cfg = space.table.short_label(r.config)
     if r.status == "ok":
-        log.info("trial %d %s: %s -> batch %d, %.1f samples/s, peak %s (%s, %s)", number, count, cfg, r.batch_size,
-                 r.throughput, format_bytes(r.peak_device_bytes), kind, r.peak_source)
+        host = r.extra.get("host_copies_peak_bytes", r.extra.get("peak_host_bytes"))
+        log.info("trial %d %s: %s -> batch %d, %.1f samples/s, peak %s%s (%s, %s)", number, count, cfg, r.batch_size,
+                 r.throughput, format_bytes(r.peak_device_bytes),
+                 f", host {format_bytes(host)}" + (" (host-limited)" if r.extra.get("limited_by") == "host" else "")
+                 if host else "", kind, r.peak_source)
     else:
         log.info("trial %d %s: %s -> %s (%s): %s", number, count, cfg, r.status, kind, r.reason)

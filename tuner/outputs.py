@@ -220,6 +220,9 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
         "storage": settings.storage.display,
         "notes": list(notes),
     }
+    from .host import add_host_fields
+
+    add_host_fields(doc, a, settings, label=label, predicted_label=predicted_label)
     if measured and "step_time_median_s" in a:
         doc["step_time_s"] = {"median": a.get("step_time_median_s"), "spread": a.get("step_time_spread_s"),
                               "timed_steps": settings.steps, "warmup_steps": settings.warmup}
@@ -396,6 +399,9 @@ def format_recommendation(doc: Mapping[str, Any]) -> str:
         f"  throughput   {doc['throughput']:<12.1f} samples/s, {doc['sources']['throughput']}",
         f"  peak memory  {format_bytes(doc.get('peak_device_bytes')):<12} {doc['sources']['peak_device_bytes']}",
     ]
+    from .host import host_lines
+
+    lines += host_lines(doc)
     conf = doc.get("confirmation")
     if conf:
         lines.append(f"  processes    {_confirmation_line(conf)}")
@@ -454,6 +460,7 @@ def trials_rows(study: Any, *, label: str, table: KnobTable = KNOB_TABLE) -> lis
             "figures": "measured" if measured else ("predicted" if a.get("backend") else ""),
             "batch_size": a.get("batch_size"), "throughput": a.get("throughput"),
             "peak_device_bytes": a.get("peak_device_bytes"), "peak_source": a.get("peak_source"),
+            "peak_host_bytes": a.get("host_copies_peak_bytes") if measured else a.get("peak_host_bytes"),
             "predicted_batch": a.get("predicted_batch"), "predicted_peak_bytes": a.get("predicted_peak_bytes"),
             "predicted_throughput": a.get("predicted_throughput"),
             "constraint": (a.get("constraint") or [None])[0], "reason": a.get("reason", ""),

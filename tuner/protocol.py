@@ -177,6 +177,7 @@ class MeasureResult(_Message):
     nvml_process_peak_bytes: int | None = None
     nvml_device_peak_bytes: int | None = None
     host_peak_rss_bytes: int | None = None
+    host_copies_peak_bytes: int | None = None
     search: Mapping[str, Any] | None = None
     tensorflow: str | None = None
     device: str | None = None
@@ -187,7 +188,8 @@ class MeasureResult(_Message):
     #: Figures copied into the trial record when the worker reported them.
     RECORDED: ClassVar[tuple[str, ...]] = (
         "step_time_median_s", "step_time_spread_s", "step_times_s", "nvml_process_peak_bytes",
-        "nvml_device_peak_bytes", "host_peak_rss_bytes", "lms_summary", "tensorflow", "device")
+        "nvml_device_peak_bytes", "host_peak_rss_bytes", "host_copies_peak_bytes", "lms_summary", "tensorflow",
+        "device")
 
 
 _RESULTS = {"describe": DescribeResult, "trace": TraceResult, "measure": MeasureResult}

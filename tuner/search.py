@@ -187,7 +187,7 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
                 if key not in predictions:
                     predictions[key] = goal.predict(graph, config, usable, device=settings.device,
                                                     cap=settings.max_batch, allocator=backend.prediction_allocator,
-                                                    op_costs=op_costs)
+                                                    op_costs=op_costs, host_budget=settings.host_budget_bytes)
                 return predictions[key]
 
         run = SearchRun(main=main, storage=storage, space=space, settings=settings, usable=usable, predict=predict,
@@ -253,7 +253,8 @@ def _settings_record(settings: SearchSettings) -> dict[str, Any]:
     """The study's settings record (`tuner.study.TUNER_ATTR`) as far as it is known before tracing."""
     return {**settings.identity(), "budget_bytes": settings.budget_bytes, "budget_source": settings.budget_source,
             "workload": dict(settings.workload), "storage": settings.storage.display, "schema_version": 1,
-            "selection": settings.selection()}
+            "selection": settings.selection(), "host_budget_bytes": settings.host_budget_bytes,
+            "host_budget_source": settings.host_budget_source}
 
 
 def _smallest_need(trials: Any, screened: Any, *, graph: Any, usable: int, settings: SearchSettings,
@@ -281,7 +282,7 @@ def _smallest_need(trials: Any, screened: Any, *, graph: Any, usable: int, setti
     peak, config, measured = best
     pred = predict_max_batch(graph, LMSConfig.from_dict(config), usable, device=settings.device,
                              cap=settings.max_batch, allocator=settings.backend.prediction_allocator,
-                             op_costs=op_costs)
+                             op_costs=op_costs, host_budget=settings.host_budget_bytes)
     return {"batch": settings.batch, "smallest_peak_bytes": peak, "config": config,
             "peak_source": settings.backend.source_label(measured=measured, device=settings.device),
             "fits_batch": pred.batch, "fits_batch_source": settings.backend.source_label(

@@ -50,6 +50,9 @@ class SearchSettings:
         studies_dir: outputs folder root (``studies/``).
         workload: the workload's description (`tuner.models.Workload.describe`).
         notes: adjustments made to the user's input (printed and stored).
+        host_budget_bytes: host memory a config's swapped tensors may hold (``--host-budget``,
+            `tuner.host`); None: no host bound.
+        host_budget_source: how the host budget was chosen, for people.
     """
 
     study: str
@@ -81,6 +84,8 @@ class SearchSettings:
     confirm: int = 2
     workload: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    host_budget_bytes: int | None = None
+    host_budget_source: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backend", get_backend(self.backend))
@@ -121,4 +126,6 @@ def study_settings_conflict(stored: Mapping[str, Any] | None, settings: SearchSe
     if settings.budget_bytes is not None and stored.get("budget_bytes") not in (None, settings.budget_bytes):
         return (f"study {settings.study!r} was created with budget {format_bytes(stored['budget_bytes'])}, "
                 f"not {format_bytes(settings.budget_bytes)}; use another --study name")
-    return ""
+    from .host import host_budget_conflict
+
+    return host_budget_conflict(stored, settings)

@@ -240,6 +240,7 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
         nvml_process_peak_bytes=final.nvml_process_peak_bytes,
         nvml_device_peak_bytes=final.nvml_device_peak_bytes,
         host_peak_rss_bytes=final.host_peak_rss_bytes,
+        host_copies_peak_bytes=getattr(final, "host_copies_peak_bytes", None),
         fits_budget=int(final.peak_device_bytes) <= usable)
     return MeasureResult(**out)
 
@@ -262,6 +263,7 @@ def _measure_fixed(request: MeasureRequest, run: Any, events: _Events, *, backen
     events.emit("probe", batch=batch, fits=fits, peak_bytes=peak, oom=False, usable_bytes=usable)
     out.update(device=backend.device_label(getattr(m, "device_name", "") or ""), peak_device_bytes=peak,
                peak_source=str(m.peak_source), fits_budget=fits, host_peak_rss_bytes=m.host_peak_rss_bytes,
+               host_copies_peak_bytes=getattr(m, "host_copies_peak_bytes", None),
                nvml_process_peak_bytes=m.nvml_process_peak_bytes, nvml_device_peak_bytes=m.nvml_device_peak_bytes)
     if not fits:
         return MeasureResult(status="infeasible", batch_size=0, throughput=0.0,

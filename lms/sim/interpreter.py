@@ -317,7 +317,8 @@ def run(cg: CompiledGraph, batch: int, *, device: DeviceProfile | None = None,
         peak = _bfc_peak(cg, sizes, free, temp)
     elif allocator != "exact":
         raise ValueError(f"allocator={allocator!r}: allowed values are 'exact', 'bfc'")
-    peak_host = int(host.max()) if n else 0
+    peak_host_index = int(np.argmax(host)) if n else 0
+    peak_host = int(host[peak_host_index]) if n else 0
 
     trace = _Trace(cg, start, device_bytes, host, out_start, out_done, in_start, in_done,
                    out_bytes, in_bytes, stall_pos, stall_len) if want_timeline else None
@@ -327,7 +328,9 @@ def run(cg: CompiledGraph, batch: int, *, device: DeviceProfile | None = None,
         transfer_bytes=int(out_bytes.sum() + in_bytes.sum()),
         peak_op=cg.op_names[peak_index] if n else "", peak_index=peak_index, resident_bytes=int(resident),
         peak_temporary_bytes=int(temp[peak_index]) if n else 0,
-        n_swap_outs=int(cg.swap_out_pos.size), n_swap_ins=int(cg.swap_in_pos.size), _trace=trace)
+        n_swap_outs=int(cg.swap_out_pos.size), n_swap_ins=int(cg.swap_in_pos.size),
+        peak_host_index=peak_host_index, peak_host_op=cg.op_names[peak_host_index] if n and peak_host else "",
+        _trace=trace)
 
 
 def _bfc_peak(cg: CompiledGraph, sizes: np.ndarray, free: np.ndarray, temp: np.ndarray) -> int:

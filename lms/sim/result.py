@@ -71,6 +71,11 @@ class SimResult:
 
     ``timeline`` is built on first access (a per-op `Timeline`); it is ``None``
     when the simulation ran with ``timeline=False``.
+
+    ``peak_host_bytes`` is the host memory swapping holds at its peak: the
+    swapped tensors whose host copies are live at position ``peak_host_index``
+    (op ``peak_host_op``) of the executed order, each from its swap-out until
+    its last swap-in read it (`lms.sim.host`).
     """
 
     batch: int
@@ -86,6 +91,8 @@ class SimResult:
     peak_temporary_bytes: int
     n_swap_outs: int
     n_swap_ins: int
+    peak_host_index: int = 0
+    peak_host_op: str = ""
     _trace: "_Trace | None" = field(default=None, repr=False, compare=False)
 
     def feasible(self, budget_bytes: int) -> bool:

@@ -21,6 +21,7 @@ from ..devices import DeviceProfile, get_device
 from ..graph import Graph
 from ..plan import SwapPlan
 from .costs import TemporaryModel
+from .host import check_host_budget, fits
 from .interpreter import (SimResult, compiled_for, cost_array, default_temporaries, exact_on, layout_transposes_on,
                           resolve_plan, run)
 from .opcosts import OpCosts
@@ -64,6 +65,9 @@ class MaxBatchResult:
         n_simulations: simulations the search ran.
         capped: the search stopped at `limit` (the peak hardly grows with the batch).
         search_s: wall time of the search.
+        peak_host_bytes: simulated host memory swapping holds at its peak, at `batch` (`lms.sim.host`).
+        host_budget_bytes: the host budget (None: no host bound).
+        limited_by: what stopped the batch from growing: ``"device"`` or ``"host"`` (the host budget).
     """
 
     batch: int
@@ -76,6 +80,9 @@ class MaxBatchResult:
     n_simulations: int
     capped: bool = False
     search_s: float = 0.0
+    peak_host_bytes: int = 0
+    host_budget_bytes: int | None = None
+    limited_by: str = "device"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,8 +99,12 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
               device: DeviceProfile | str | None = None, op_costs: Mapping[str, float] | OpCosts | None = None,
               op_costs_batch: int | None = None, resident_bytes: int | None = None,
               temporaries: TemporaryModel | None = None, order: str | None = None,
-              limit: int = 1 << 20, exact: bool | None = None) -> MaxBatchResult:
+              limit: int = 1 << 20, exact: bool | None = None,
+              host_budget_bytes: int | None = None) -> MaxBatchResult:
     """Largest batch whose simulated peak device memory is at most `budget_bytes`.
+
+    With `host_budget_bytes`, a batch also needs its simulated host peak (the
+    swapped tensors' host copies, `lms.sim.host`) to be at most that.
 
     Args:
         graph: the training graph model.
@@ -102,6 +113,7 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
         device, op_costs, op_costs_batch, resident_bytes, temporaries, order, exact:
             as for `simulate`.
         limit: largest batch tried.
+        host_budget_bytes: host memory swapping may hold (None: no host bound).
 
     Raises:
         InfeasibleBudget: batch 1 does not fit even with every candidate swapped.
@@ -111,6 +123,7 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
         raise ValueError(f"budget_bytes={budget_bytes}: must be > 0")
     if limit < 1:
         raise ValueError(f"limit={limit}: must be >= 1")
+    check_host_budget(host_budget_bytes)
     t0 = time.perf_counter()
     plan = resolve_plan(graph, config_or_plan)
     dev = get_device(device) if device is not None else None
@@ -136,12 +149,21 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
 
     n_swapped = plan.n_swapped if plan is not None else 0
 
+    def ok(r: SimResult) -> bool:
+        return fits(r, budget_bytes, host_budget_bytes)
+
+    limited = {"by": "device"}
+
     def result(r: SimResult, *, capped: bool = False, batch: int | None = None) -> MaxBatchResult:
         return MaxBatchResult(
             batch=r.batch if batch is None else batch, peak_bytes=r.peak_device_bytes,
             budget_bytes=budget_bytes, step_time_s=r.step_time_s, throughput=r.throughput,
             peak_op=r.peak_op, n_swapped=n_swapped, n_simulations=count, capped=capped,
-            search_s=time.perf_counter() - t0)
+            search_s=time.perf_counter() - t0, peak_host_bytes=r.peak_host_bytes,
+            host_budget_bytes=host_budget_bytes, limited_by=limited["by"])
+
+    def miss(r: SimResult) -> None:  # a batch that does not fit: say which budget it missed
+        limited["by"] = "device" if r.peak_device_bytes > budget_bytes else "host"
 
     first = sim(1)
     if first.peak_device_bytes > budget_bytes:
@@ -162,16 +184,23 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
         log.info("config does not fit at batch 1 (%d bytes); all-swapped would (%d bytes)",
                  first.peak_device_bytes, everything.peak_device_bytes)
         return result(first, batch=0)
+    if not ok(first):  # the device fits, the host copies do not
+        miss(first)
+        return result(first, batch=0)
     if limit == 1:
         return result(first, capped=True)
 
     lo, lo_r = 1, first
     second = sim(2)
-    if second.peak_device_bytes > budget_bytes:
+    if not ok(second):
+        miss(second)
         return result(first)
     lo, lo_r = 2, second
     slope = second.peak_device_bytes - first.peak_device_bytes
     guess = limit if slope <= 0 else 2 + (budget_bytes - second.peak_device_bytes) // slope
+    host_slope = second.peak_host_bytes - first.peak_host_bytes
+    if host_budget_bytes is not None and host_slope > 0:
+        guess = min(guess, 2 + (host_budget_bytes - second.peak_host_bytes) // host_slope)
     guess = int(np.clip(guess, 3, limit))
     hi = None
     probe = guess
@@ -181,12 +210,13 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
         if probe > limit:
             break
         r = sim(probe)
-        if r.peak_device_bytes <= budget_bytes:
+        if ok(r):
             lo, lo_r = probe, r
             if probe == limit:
                 break
             probe = min(limit, probe * 2)
         else:
+            miss(r)
             hi = probe
             break
     if hi is None:
@@ -194,9 +224,10 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
     while hi - lo > 1:
         mid = (lo + hi) // 2
         r = sim(mid)
-        if r.peak_device_bytes <= budget_bytes:
+        if ok(r):
             lo, lo_r = mid, r
         else:
+            miss(r)
             hi = mid
     log.debug("max_batch: %d (%d simulations)", lo, count)
     return result(lo_r)

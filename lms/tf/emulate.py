@@ -43,20 +43,61 @@ Design:
   the GIL, so compute goes on meanwhile, as with a DMA engine.
 - Copies are bit-exact (``np.copyto``): training with emulated swaps is bitwise
   identical to training without.
+- `HOST_COPIES` counts the bytes of the swap-outs' host copies alive in this
+  process (added when a copy is made, removed when TF releases it: a
+  ``weakref.finalize`` on the array) and their peak since `HostCopies.reset_peak`:
+  the emulated device's MEASURED host memory, to compare with the simulator's
+  ``peak_host_bytes`` (`lms.sim.host`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["emulated_swap_out", "emulated_swap_in", "default_emulate", "aligned_empty", "ALIGNMENT"]
+__all__ = ["emulated_swap_out", "emulated_swap_in", "default_emulate", "aligned_empty", "ALIGNMENT", "HostCopies",
+           "HOST_COPIES"]
 
 # TF wraps a returned numpy array without copying when its data pointer is
 # aligned to EIGEN_MAX_ALIGN_BYTES (64 on AVX-512 builds); 128 covers every build.
 ALIGNMENT = 128
+
+
+class HostCopies:
+    """Bytes of the emulated swap-outs' host copies alive now, and their peak since `reset_peak` (MEASURED)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.copies = 0
+
+    def add(self, array: np.ndarray) -> None:
+        """Count `array` until it is released."""
+        n = int(array.nbytes)
+        with self._lock:
+            self.live_bytes += n
+            self.copies += 1
+            if self.live_bytes > self.peak_bytes:
+                self.peak_bytes = self.live_bytes
+        weakref.finalize(array, self._remove, n)
+
+    def _remove(self, n: int) -> None:
+        with self._lock:
+            self.live_bytes -= n
+
+    def reset_peak(self) -> None:
+        """Start a new window: the peak becomes the bytes alive now."""
+        with self._lock:
+            self.peak_bytes = self.live_bytes
+
+
+#: This process's emulated host copies (`HostCopies`).
+HOST_COPIES = HostCopies()
 
 
 def default_emulate() -> bool:
@@ -99,6 +140,7 @@ def emulated_swap_out(t: tf.Tensor, *, name: str, bandwidth: float | None = None
         array = np.asarray(array)
         host = aligned_empty(array.shape, array.dtype)
         np.copyto(host, array, casting="no")
+        HOST_COPIES.add(host)
         _sleep_for(host.nbytes, bandwidth)
         return host
 

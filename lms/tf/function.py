@@ -84,13 +84,29 @@ class _Trace:
     schedule: Any = None  # the lms.schedule.Schedule pinned (None: no ordering edges)
 
     def current_summary(self) -> LMSSummary:
-        """The summary at the batch that ran, when the batch was unknown at trace time."""
+        """The summary at the batch that ran, when the batch was unknown at trace time (with the host
+        bytes its plan holds at peak, predicted on first use: `lms.sim.host.predicted_host_peak`)."""
         batch = self.observed.get("batch")
         if batch is None or self.graph is None or batch == self.summary.batch_size:
-            return self.summary
+            if self.observed.get("base") is None:
+                self.observed["base"] = _with_host_peak(self.summary, self.graph, self.plan)
+            return self.observed["base"]
         if self.observed.get("summary") is None or self.observed["summary"].batch_size != batch:
-            self.observed["summary"] = self.summary.at_batch(self.graph, batch)
+            self.observed["summary"] = _with_host_peak(self.summary.at_batch(self.graph, batch), self.graph,
+                                                       self.plan)
         return self.observed["summary"]
+
+
+def _with_host_peak(summary: LMSSummary, graph: Graph | None, plan: SwapPlan) -> LMSSummary:
+    from dataclasses import replace
+
+    from ..sim.host import predicted_host_peak
+
+    if not plan.swaps:
+        return replace(summary, peak_host_bytes=0)
+    if graph is None:
+        return summary
+    return replace(summary, peak_host_bytes=predicted_host_peak(graph, plan, summary.batch_size))
 
 
 class _Rewriter:

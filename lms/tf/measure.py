@@ -193,6 +193,7 @@ class StepMeasurement:
     tf_version: str = ""
     live_peak_bytes: int | None = None
     live_step_bytes: int | None = None
+    host_copies_peak_bytes: int | None = None
 
     @property
     def steps(self) -> int:
@@ -226,6 +227,7 @@ class StepMeasurement:
             "host_peak_rss_bytes": self.host_peak_source,
             "host_rss_bytes": None if self.host_rss_bytes is None else "proc-vmrss",
             "live_peak_bytes": None if self.live_peak_bytes is None else "tf-profiler-requested",
+            "host_copies_peak_bytes": None if self.host_copies_peak_bytes is None else "emulated-swap-copies",
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -249,8 +251,17 @@ class StepMeasurement:
             "host_rss_bytes": self.host_rss_bytes,
             "tf_version": self.tf_version,
             "live_peak_bytes": self.live_peak_bytes, "live_step_bytes": self.live_step_bytes,
+            "host_copies_peak_bytes": self.host_copies_peak_bytes,
             "sources": self.sources,
         }
+
+
+def _host_copies() -> Any:
+    """The emulated swap copies' counter (`lms.tf.emulate.HOST_COPIES`) once that module is loaded, else None."""
+    import sys
+
+    emulate = sys.modules.get("lms.tf.emulate")
+    return getattr(emulate, "HOST_COPIES", None)
 
 
 def default_device() -> str:
@@ -368,6 +379,10 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
     gc.collect()
     baseline = int(tf.config.experimental.get_memory_info(device)["current"])
     host_window = hostmem.reset_peak_rss() if reset_host_peak else False
+    copies = _host_copies()
+    copies_before = copies.copies if copies is not None else 0
+    if copies is not None:
+        copies.reset_peak()
     times: list[float] = []
     step_peaks: list[int] = []
     with sampler if sampler is not None else nullcontext():
@@ -412,7 +427,8 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
         nvml_device_peak_bytes=None if reading is None else reading.device_peak_bytes,
         nvml=reading, tf_version=tf.__version__,
         live_peak_bytes=None if live_figures is None else live_figures.peak_bytes,
-        live_step_bytes=None if live_figures is None else live_figures.step_bytes)
+        live_step_bytes=None if live_figures is None else live_figures.step_bytes,
+        host_copies_peak_bytes=copies.peak_bytes if copies is not None and copies.copies > copies_before else None)
     log.info("measured %s: peak %d bytes (%s), median step %.4f s over %d steps",
              device, peak, measurement.peak_source, measurement.median_step_s, len(times))
     return measurement

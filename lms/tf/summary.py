@@ -59,6 +59,10 @@ class LMSSummary:
         config: the `LMSConfig` this trace was planned with (with ``config="auto"``: the one chosen).
         auto: with ``config="auto"``, the `lms.auto.AutoChoice` (what was simulated and why this config);
             None otherwise.
+        peak_host_bytes: host memory the plan's swapped tensors hold at once at their peak, at
+            `batch_size` (PREDICTED by the simulator's order model, `lms.sim.host`: each host copy from
+            its swap-out until its last swap-in); 0 without swaps, None where no graph model was kept.
+            On a GPU this is pinned memory, capped by ``TF_GPU_HOST_MEM_LIMIT_IN_MB`` (128 GiB by default).
     """
 
     n_swapped: int
@@ -75,13 +79,14 @@ class LMSSummary:
     corrections: tuple[Correction, ...] = ()
     config: LMSConfig | None = None
     auto: Any = None
+    peak_host_bytes: int | None = None
 
     def at_batch(self, graph: Graph, batch: int) -> "LMSSummary":
         """The same swaps with their bytes at `batch` (sizes from the graph model, affine in the batch)."""
         swapped = tuple(replace(s, bytes=graph.tensor_bytes(s.tensor, batch)) for s in self.swapped)
         recomputed_bytes = sum(graph.tensor_bytes(t, batch) for t in self.recomputed)
         return replace(self, batch_size=batch, swapped=swapped, swapped_bytes=sum(s.bytes for s in swapped),
-                       recomputed_bytes=recomputed_bytes)
+                       recomputed_bytes=recomputed_bytes, peak_host_bytes=None)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(replace(self, config=None, auto=None))

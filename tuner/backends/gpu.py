@@ -186,10 +186,13 @@ class GpuBackend(MeasuredBackend):
         from ..environment import host_memory_bytes
         from ..gpus import host_memory_limit_bytes
 
+        from ..host import worker_host_limit_bytes
+
         host = host_memory_bytes()
+        share = host_memory_limit_bytes(host_bytes=host, workers=len(self.slots(settings))) if host else None
+        # a --host-budget above TF's pinned default: the workers' TF_GPU_HOST_MEM_LIMIT_IN_MB lets configs use it
         return {"device_memory_limit_bytes": settings.budget_bytes,
-                "host_memory_limit_bytes": (host_memory_limit_bytes(host_bytes=host, workers=len(self.slots(settings)))
-                                            if host else None)}
+                "host_memory_limit_bytes": worker_host_limit_bytes(settings, share)}
 
     def configure_tensorflow(self, tf: Any, *, memory_limit_bytes: int | None = None) -> str:
         from ..gpus import NO_GPU_REASON

@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping
 
 from ..batch import Prediction
 from ..bracket import ends, verdicts, verdict_word
+from ..host import host_verdict
 from ..confirm import (RECORDED_FIGURES, FreshRuns, confirm_recommendation, fresh_process_trials, measure_trial,
                        retime_in_fresh_processes)
 from ..budget import format_bytes
@@ -236,7 +237,8 @@ class MeasuredBackend(Backend):
                 return machine_error_record(config, f"{type(exc).__name__}: {exc}", backend=self, pred=pred)
             if fresh is None:
                 raise Interrupted()
-            return fresh_record(config, fresh, pred, backend=self, usable=usable, trial_dir=trial_dir)
+            return host_verdict(fresh_record(config, fresh, pred, backend=self, usable=usable, trial_dir=trial_dir),
+                                s.host_budget_bytes)
         start, cap = s.goal.first_probe(pred, batch_factor)
         request = MeasureRequest(
             workload=s.model, options=dict(s.model_options), config=config.to_dict(), backend=self.name,
@@ -292,8 +294,8 @@ class MeasuredBackend(Backend):
                                                 stop=should_stop)
             if retimed is None:
                 raise Interrupted()
-        return measured_record(config, outcome, pred, backend=self, usable=usable, trial_dir=trial_dir,
-                               retimed=retimed)
+        return host_verdict(measured_record(config, outcome, pred, backend=self, usable=usable, trial_dir=trial_dir,
+                                            retimed=retimed), s.host_budget_bytes)
 
 
 class _Beside:
@@ -361,6 +363,7 @@ def measured_record(config: Any, outcome: WorkerOutcome, pred: Prediction, *, ba
     probes = [e for e in outcome.events if e.get("event") == "probe"]
     extra: dict[str, Any] = {
         "predicted_batch": pred.batch, "worker_wall_s": round(outcome.wall_s, 2),
+        "predicted_peak_host_bytes": pred.peak_host_bytes,
         "trial_dir": str(trial_dir), "probes": [{k: p.get(k) for k in ("batch", "fits", "peak_bytes", "oom")}
                                                 for p in probes],
     }
@@ -427,6 +430,7 @@ def fresh_record(config: Any, fresh: FreshRuns, pred: Prediction, *, backend: Ba
     lo, hi, _, failed = ends(by_batch)
     extra: dict[str, Any] = {
         "predicted_batch": pred.batch, "trial_dir": str(trial_dir), "fresh_processes": len(runs),
+        "predicted_peak_host_bytes": pred.peak_host_bytes,
         "worker_wall_s": round(sum(float(r.get("wall_s") or 0.0) for r in runs), 2),
         "tried": [[int(r["batch"]), verdict_word(r.get("status"))] for r in runs], "bracket_start": fresh.start}
     common = dict(config=config, backend=backend.name, measured=True, predicted_peak_bytes=pred.peak_bytes,

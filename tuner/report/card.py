@@ -45,6 +45,12 @@ def recommendation_section(data: ReportData) -> str:
     figures.append(("throughput", f"{fmt_rate(rec.throughput)} samples/s", tput_vs))
     figures.append(("peak device memory", fmt_bytes(rec.peak_device_bytes),
                     f"{fmt_int(rec.peak_device_bytes)} bytes" if rec.peak_device_bytes is not None else ""))
+    if "peak_host_bytes" in rec.document:  # host memory the swapped tensors hold (tuner.host)
+        host = rec.document.get("peak_host_bytes")
+        hb = (rec.document.get("host_budget") or {}).get("bytes")
+        figures.append(("peak host memory (swapped)", fmt_bytes(host),
+                        f"{(rec.document.get('sources') or {}).get('peak_host_bytes', '')}; "
+                        + (f"host budget {fmt_bytes(hb)}" if hb else "no host budget")))
     if rec.headroom_bytes is not None:
         figures.append(("headroom", fmt_bytes(rec.headroom_bytes),
                         f"{_pct(rec.headroom_fraction, signed=False)} of the {fmt_bytes(rec.budget_bytes)} budget"))
