@@ -29,3 +29,40 @@ if "LMS_CACHE_DIR" not in os.environ:
     _cache = tempfile.mkdtemp(prefix="lms-test-cache-")
     os.environ["LMS_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- fault-suite figures
+# Here, not in tests/tuner/conftest.py: under pytest-xdist only this conftest is loaded by the
+# controlling process, which prints the summary from the reports its workers send.
+
+from tests.figures import FIGURES_PROPERTY, format_figures, total  # noqa: E402
+
+_FAULT_FIGURES: list[dict] = []
+
+
+def pytest_runtest_logreport(report) -> None:
+    _FAULT_FIGURES.extend(f for key, f in report.user_properties if key == FIGURES_PROPERTY)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
+    if not _FAULT_FIGURES:
+        return
+    terminalreporter.section("tuner fault-injection figures")
+    for f in _FAULT_FIGURES:
+        terminalreporter.write_line(f"{f['test']}: {format_figures(f)}")
+    terminalreporter.write_line(f"TOTAL: {format_figures(total(_FAULT_FIGURES))}")
+
+
+# ---------------------------------------------------------------- parallel runs (pytest-xdist)
+
+
+def pytest_xdist_auto_num_workers(config) -> int:  # noqa: ARG001
+    """``-n auto``: one worker per core the process may use (its affinity, not the machine's count).
+
+    Tests of one file run in one worker (``--dist loadfile``): the models and studies a file
+    traces once stay shared by its tests.
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)

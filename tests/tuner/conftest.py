@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.figures import FIGURES_PROPERTY, format_figures
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL = "residual"
 TINY_OPTIONS: dict = {}
@@ -54,34 +56,27 @@ def seed_graph(tiny_graph_doc: dict):
 
 # ---------------------------------------------------------------- fault-suite figures
 
-#: Figures of the fault-injection tests (tests/tuner/test_faults.py), printed in the terminal summary.
-FAULT_FIGURES: list[dict] = []
-
-
 def report_fault_figures(name: str, figures: dict) -> None:
-    """Record one fault test's figures; printed at once on the real stderr and again in the summary."""
-    FAULT_FIGURES.append({"test": name, **figures})
+    """Record one fault test's figures: printed at once on the real stderr and again in the summary.
+
+    They travel on the test's report (``user_properties``), so that under pytest-xdist the
+    summary, printed by the controlling process (tests/conftest.py), sees what its workers recorded.
+    """
+    _PENDING.append({"test": name, **figures})
     print(f"\n[fault figures] {name}: {format_figures(figures)}", file=sys.__stderr__, flush=True)
 
 
-def format_figures(f: dict) -> str:
-    kinds = ", ".join(f"{k}={v}" for k, v in sorted(f.get("faults", {}).items())) or "none"
-    return (f"trials attempted {f['attempted']}, faults injected ({kinds}), trials recorded {f['recorded']}, "
-            f"trials lost {f['lost']}, duplicates {f['duplicates']}, orphans left {f.get('orphans', 0)}")
+#: Figures recorded by the running test, not yet attached to its report.
+_PENDING: list[dict] = []
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
-    if not FAULT_FIGURES:
-        return
-    terminalreporter.section("tuner fault-injection figures")
-    total: dict = {"attempted": 0, "recorded": 0, "lost": 0, "duplicates": 0, "orphans": 0, "faults": {}}
-    for f in FAULT_FIGURES:
-        terminalreporter.write_line(f"{f['test']}: {format_figures(f)}")
-        for key in ("attempted", "recorded", "lost", "duplicates", "orphans"):
-            total[key] += f.get(key, 0)
-        for kind, n in f.get("faults", {}).items():
-            total["faults"][kind] = total["faults"].get(kind, 0) + n
-    terminalreporter.write_line(f"TOTAL: {format_figures(total)}")
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):  # noqa: ARG001
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        report.user_properties.extend((FIGURES_PROPERTY, f) for f in _PENDING)
+        _PENDING.clear()
 
 
 # ---------------------------------------------------------------- a throwaway PostgreSQL server
