@@ -64,7 +64,7 @@ def run_tuner(space: Any, grid: dict[str, dict], *, batch: int, seed: int, trial
     """The tuner's loop at a fixed batch, its evaluations answered from the grid."""
     import optuna
 
-    from tuner.backends.simulate import predicted_record
+    from tuner.records import predicted_record
     from tuner.knobs import canonical_key
     from tuner.loop import optimize
     from tuner.outputs import select_recommendation
