@@ -692,7 +692,8 @@ def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | N
     """What the search would write as recommended.json, from the storage: its stored settings pick the same."""
     from .backends import backend_named
     from .confirm import CONFIRMATIONS_ATTR
-    from .outputs import build_recommendation, select_recommendation
+    from .outputs import build_recommendation
+    from .selection import select_recommendation
     from .settings import SearchSettings
     from .study import tuner_record
 

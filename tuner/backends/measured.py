@@ -153,7 +153,7 @@ class MeasuredBackend(Backend):
     def _rule_rejects_lms(run: SearchRun) -> bool:
         """The rule, on the fresh-process figures, picks no LMS while an LMS config fitted a larger batch."""
         from ..bracket import stored_confirmations
-        from ..outputs import select_recommendation
+        from ..selection import select_recommendation
 
         s = run.settings
         chosen, front = select_recommendation(run.main.get_trials(deepcopy=False), prefer=s.prefer,
