@@ -16,6 +16,7 @@ rest lives::
     records.py   trial records            recovery.py  stale trials (Optuna's private APIs)
     pareto.py    dominance, screen picks  graphs.py    the traced graph, the derived budget
     worker.py    the worker's parent side protocol.py  the worker's messages
+    selection.py the recommendation rule  outputs.py   recommended.json, trials.csv
 """
 
 from __future__ import annotations
