@@ -11,7 +11,7 @@ P100-16GB; every figure is PREDICTED by the simulator.
 3. The tuner: `tuner.loop.optimize` with the fixed-batch goal, its sampler and
    warm start, for several seeds, with at most 15% of the grid's configs; its
    trials are looked up in the grid (deterministic, so what the tuner would compute).
-   Its pick is the fastest feasible config it evaluated (`tuner.outputs.select_recommendation`).
+   Its pick is the fastest feasible config it evaluated (`tuner.selection.select_recommendation`).
 
 Prints the figures and writes ``benchmarks/results/fixed_batch.json``::
 
@@ -64,10 +64,10 @@ def run_tuner(space: Any, grid: dict[str, dict], *, batch: int, seed: int, trial
     """The tuner's loop at a fixed batch, its evaluations answered from the grid."""
     import optuna
 
-    from tuner.backends.simulate import predicted_record
+    from tuner.records import predicted_record
     from tuner.knobs import canonical_key
     from tuner.loop import optimize
-    from tuner.outputs import select_recommendation
+    from tuner.selection import select_recommendation
     from tuner.progress import Progress
     from tuner.study import make_sampler
 

@@ -125,7 +125,7 @@ def run_tuner(space: Any, grid: dict[str, dict], *, sampler: str, seed: int, tri
     from tuner.progress import Progress
     from tuner.knobs import canonical_key
     from tuner.loop import optimize
-    from tuner.backends.simulate import predicted_record
+    from tuner.records import predicted_record
     from tuner.study import make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -15,7 +15,7 @@ CORE = ["lms", "lms.config", "lms.graph", "lms.planner", "lms.plan", "lms.optype
         "lms.sim.search", "lms.sim.bfc", "lms.sim.bound", "lms.sim.layout", "lms.auto", "lms.sizes"]
 TUNER = ["tuner", "tuner.cli", "tuner.search", "tuner.settings", "tuner.knobs", "tuner.space", "tuner.loop",
          "tuner.records", "tuner.recovery", "tuner.pareto", "tuner.graphs", "tuner.worker", "tuner.protocol",
-         "tuner.backends", "tuner.outputs", "tuner.study",
+         "tuner.backends", "tuner.outputs", "tuner.selection", "tuner.study",
          "tuner.report", "tuner.report.schedule", "tuner.report.recompute"]  # parent-process modules, when they exist
 
 

@@ -158,7 +158,7 @@ def confirm_recommendation(run: "SearchRun", backend: "Backend", *, gpu: str | N
                            measure: Callable[..., Any] = run_worker) -> list[str]:
     """Repeat the would-be recommendation and the baseline in fresh processes, side by side; returns notes.
 
-    In rounds: the recommendation rule (`tuner.outputs.select_recommendation`)
+    In rounds: the recommendation rule (`tuner.selection.select_recommendation`)
     applied to the fresh-process figures picks a config; it and the no-LMS
     baseline (and, first, the largest batch of the front, whose throughput the
     rule may have rejected on one process) get fresh processes in turn, one of
@@ -168,7 +168,7 @@ def confirm_recommendation(run: "SearchRun", backend: "Backend", *, gpu: str | N
     interrupted. A trial measured in-process (an older study) is bracketed here
     from the simulator's batch.
     """
-    from .outputs import baseline_trial, select_recommendation
+    from .selection import baseline_trial, select_recommendation
 
     s = run.settings
     if s.confirm <= 0 or s.batch is not None:

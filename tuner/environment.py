@@ -3,6 +3,8 @@
 The parent process asks NVML for GPUs (`lms.nvml.gpu_inventory`) and package
 metadata for versions; trial workers add what TensorFlow itself reports
 (its version and the device it ran on) to each trial record.
+`tuner.search.environment_info` puts these together with the backend's device
+fields for recommended.json (it asks the backend, so it lives above them).
 """
 
 from __future__ import annotations
@@ -10,12 +12,9 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
-import platform
-import socket
-from pathlib import Path
 from typing import Any
 
-__all__ = ["gpus", "tensorflow_distribution", "default_backend", "environment_info", "host_memory_bytes"]
+__all__ = ["gpus", "tensorflow_distribution", "default_backend", "host_memory_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -56,54 +55,9 @@ def default_backend() -> tuple[str, str]:
     return "emulated", "no GPU found (NVML)"
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def host_memory_bytes() -> int | None:
     """This machine's physical memory in bytes, or None where the OS does not say."""
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return None
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def environment_info(*, backend: Any, gpu: str | None = None) -> dict[str, Any]:
-    """JSON-ready description of this machine for recommended.json.
-
-    ``device_name`` / ``driver_version`` come from the backend (`tuner.backends.Backend.device_info`):
-    the GPU's for gpu; this CPU with TensorFlow's BFC allocator for emulated; none for simulate.
-    """
-    from .backends import get_backend
-
-    tf = tensorflow_distribution()
-    info: dict[str, Any] = {
-        "hostname": socket.gethostname(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "host_memory_bytes": host_memory_bytes(),
-        "tensorflow": tf[1] if tf else None,
-        "tensorflow_distribution": tf[0] if tf else None,
-        "keras": _version("keras"),
-        "optuna": _version("optuna"),
-        "tflms_tuner": _version("tflms-tuner"),
-        "device_name": None,
-        "driver_version": None,
-    }
-    info.update(get_backend(backend).device_info(info, gpu=gpu))
-    return info

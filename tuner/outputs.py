@@ -9,11 +9,8 @@ the environment. Every figure says where it comes from in ``"sources"``:
 - ``emulated``: *measured* on the emulated device (CPU, TensorFlow's BFC allocator);
 - ``gpu``: *measured* on the GPU.
 
-Which Pareto point is recommended (`select_recommendation`):
-``prefer="batch"`` (default): the largest batch among the Pareto-optimal
-configs whose throughput is at least ``min_throughput_ratio`` (default 0.8) of
-the best throughput on the front; ``prefer="throughput"``: the fastest. The
-whole front is listed too, so another trade-off is one copy-paste away.
+Which Pareto point is recommended: `tuner.selection.select_recommendation`.
+The whole front is listed too, so another trade-off is one copy-paste away.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ import io
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from lms.config import LMSConfig, atomic_write_text
 
@@ -33,15 +30,14 @@ from .backends import Backend, get_backend
 from .budget import format_bytes
 from .bracket import CONFIRMATIONS_ATTR, confirmed_figures
 from .knobs import KNOB_TABLE, KnobTable
-from .pareto import dominates, rule_pick
+from .selection import Confirmed, baseline_trial, feasible_trials, select_recommendation, throughput_peak_front
 
 if TYPE_CHECKING:
     from .settings import SearchSettings
 
 __all__ = [
-    "RECOMMENDATION_SCHEMA", "SCHEMA_VERSION", "source_label", "feasible_trials", "pareto_front",
-    "select_recommendation", "baseline_trial", "throughput_peak_front", "build_recommendation", "trials_rows", "write_trials_csv", "write_outputs",
-    "read_recommendation", "strict_json_loads", "format_recommendation",
+    "RECOMMENDATION_SCHEMA", "SCHEMA_VERSION", "source_label", "build_recommendation", "trials_rows",
+    "write_trials_csv", "write_outputs", "read_recommendation", "strict_json_loads", "format_recommendation",
 ]
 
 log = logging.getLogger(__name__)
@@ -51,88 +47,6 @@ log = logging.getLogger(__name__)
 def source_label(backend: "str | Backend", *, measured: bool, device: str = "", device_name: str = "") -> str:
     """Where a figure comes from, in words (goes next to every number; `tuner.backends.Backend.source_label`)."""
     return get_backend(backend).source_label(measured=measured, device=device, device_name=device_name)
-
-
-# ---------------------------------------------------------------- choosing
-
-def feasible_trials(trials: Iterable[Any]) -> list[Any]:
-    """COMPLETE trials with status ok, batch > 0 and no violated constraint."""
-    out = []
-    for t in trials:
-        if getattr(t.state, "name", "") != "COMPLETE" or t.values is None:
-            continue
-        if t.user_attrs.get("status") != "ok" or t.values[0] <= 0:
-            continue
-        if any(v > 0 for v in t.constraints.values()):
-            continue
-        out.append(t)
-    return out
-
-
-def pareto_front(trials: Sequence[Any]) -> list[Any]:
-    """Non-dominated trials (both objectives maximised), sorted by batch size, one per (batch, throughput)."""
-    front = [t for t in trials if not any(dominates(o.values, t.values) for o in trials)]
-    seen: set[tuple[float, float]] = set()
-    unique = []
-    for t in sorted(front, key=lambda t: (t.values[0], -t.values[1], t.number)):
-        key = (t.values[0], t.values[1])
-        if key not in seen:
-            seen.add(key)
-            unique.append(t)
-    return unique
-
-
-class _Confirmed:
-    """A trial seen through its figures from fresh processes (`tuner.confirm`): its values are those."""
-
-    def __init__(self, trial: Any, figures: Mapping[str, Any]) -> None:
-        self._trial = trial
-        self.values = [float(figures["batch_size"]), float(figures["throughput"])]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._trial, name)
-
-
-def select_recommendation(trials: Sequence[Any], *, prefer: str = "batch", min_throughput_ratio: float = 0.8,
-                          confirmations: Mapping[str, Any] | None = None) -> tuple[Any | None, list[Any]]:
-    """(chosen trial or None, the Pareto front) among the feasible `trials` (see module docstring).
-
-    A trial re-measured in fresh processes (`confirmations`, `tuner.confirm`) takes part with its confirmed
-    batch and throughput: the throughput rule then compares figures measured the same way (one ResNet-50
-    64x64 search's no-LMS trial ran at 87.9 samples/s and its LMS trials at 63-66, where other searches
-    measured the same configs the other way round).
-    """
-    if confirmations:
-        trials = [_Confirmed(t, f) if (f := confirmed_figures(t, confirmations)) is not None else t
-                  for t in trials]
-    front = pareto_front(feasible_trials(trials))
-    if not front:
-        return None, front
-    return rule_pick(front, prefer=prefer, min_throughput_ratio=min_throughput_ratio), front
-
-
-def throughput_peak_front(trials: Sequence[Any]) -> list[Any]:
-    """At a fixed batch: the feasible trials no other beats on both throughput (higher) and peak (lower), fastest first."""
-    def point(t: Any) -> tuple[float, float]:
-        return float(t.user_attrs.get("throughput") or 0.0), float(t.user_attrs.get("peak_device_bytes") or 0)
-
-    front = [t for t in trials if not any(dominates(point(o), point(t), maximize=(True, False)) for o in trials)]
-    seen: set[tuple[float, float]] = set()
-    out = []
-    for t in sorted(front, key=lambda t: (-point(t)[0], point(t)[1], t.number)):
-        if point(t) not in seen:
-            seen.add(point(t))
-            out.append(t)
-    return out
-
-
-def baseline_trial(trials: Iterable[Any]) -> Any | None:
-    """The first completed no-LMS (``n_tensors=0``) trial, or None."""
-    for t in sorted(trials, key=lambda t: t.number):
-        cfg = t.user_attrs.get("config") or {}
-        if cfg.get("n_tensors") == 0 and getattr(t.state, "name", "") == "COMPLETE":
-            return t
-    return None
 
 
 def _confirmation_line(conf: Mapping[str, Any]) -> str:
@@ -153,7 +67,7 @@ def _confirmation_line(conf: Mapping[str, Any]) -> str:
 
 def _figures(t: Any) -> dict[str, Any]:
     a = t.user_attrs
-    if isinstance(t, _Confirmed):  # the fresh processes' figures (see select_recommendation)
+    if isinstance(t, Confirmed):  # the fresh processes' figures (see select_recommendation)
         return {"batch_size": int(t.values[0]), "throughput": t.values[1],
                 "peak_device_bytes": a.get("peak_device_bytes"), "confirmed": True}
     return {"batch_size": int(a.get("batch_size") or 0), "throughput": float(a.get("throughput") or 0.0),

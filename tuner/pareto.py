@@ -45,7 +45,7 @@ def pareto_picks(trials: Sequence[Any], k: int, *, exclude: Iterable[str] = (), 
     """Up to `k` param sets from the feasible Pareto front, spread along it.
 
     First the point the recommendation's rule would choose among them
-    (`tuner.outputs.select_recommendation`: with ``prefer="batch"`` the largest
+    (`tuner.selection.select_recommendation`: with ``prefer="batch"`` the largest
     batch whose throughput is at least `min_throughput_ratio` x the front's
     best), then each time the point farthest from those already picked.
     Configs whose canonical key (`tuner.knobs.KnobTable.canonical_key` of

@@ -1,16 +1,19 @@
 """Trial records: what one evaluated config left in the study (Optuna user_attrs, trials.csv columns).
 
-Backends make them (`tuner.backends.simulate.predicted_record` from the
-simulator's prediction, `tuner.backends.measured.measured_record` from a
+Backends make them (`predicted_record`, here, from the simulator's
+prediction, `tuner.backends.measured.measured_record` from a
 worker's outcome); `counted` says which trials count toward ``--trials``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-__all__ = ["TrialRecord", "counted", "REQUEUED_STATUSES", "INFEASIBLE"]
+if TYPE_CHECKING:
+    from .batch import Prediction
+
+__all__ = ["TrialRecord", "predicted_record", "counted", "REQUEUED_STATUSES", "INFEASIBLE"]
 
 #: Trial statuses that say nothing about the config: the trial is failed and its params queued again.
 #: ``interrupted``: the search stopped (Ctrl-C, time limit, its process died); ``machine_error``: the
@@ -52,6 +55,25 @@ class TrialRecord:
         }
         attrs.update(self.extra)
         return attrs
+
+
+def predicted_record(config: Any, pred: Prediction, *, usable: int, device: str) -> TrialRecord:
+    """The simulator's verdict on `config` as a record (figures PREDICTED)."""
+    simulated = "simulate"  # SimulateBackend.name (tuner.backends.simulate)
+    host = {"peak_host_bytes": pred.peak_host_bytes} if pred.peak_host_bytes is not None else {}
+    if not pred.feasible:
+        need = pred.min_bytes or pred.peak_bytes
+        return TrialRecord(config, simulated, False, "infeasible", 0, 0.0, pred.peak_bytes,
+                           f"simulator ({device})", pred.peak_bytes, 0.0,
+                           constraint=max(need / usable - 1.0, 1e-6), reason=pred.reason,
+                           extra={"predicted_batch": 0, "n_swapped": pred.n_swapped, **host,
+                                  **({"limited_by": "host"} if pred.limited_by == "host" else {})})
+    return TrialRecord(config, simulated, False, "ok", pred.batch, pred.throughput, pred.peak_bytes,
+                       f"simulator ({device})", pred.peak_bytes, pred.throughput,
+                       constraint=pred.peak_bytes / usable - 1.0,
+                       reason="capped at --max-batch" if pred.capped else "",
+                       extra={"predicted_batch": pred.batch, "predicted_step_time_s": pred.step_time_s,
+                              "n_swapped": pred.n_swapped, **host, "limited_by": pred.limited_by})
 
 
 def counted(t: Any) -> bool:

@@ -16,13 +16,17 @@ rest lives::
     records.py   trial records            recovery.py  stale trials (Optuna's private APIs)
     pareto.py    dominance, screen picks  graphs.py    the traced graph, the derived budget
     worker.py    the worker's parent side protocol.py  the worker's messages
+    selection.py the recommendation rule  outputs.py   recommended.json, trials.csv
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
+import platform
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,10 +35,11 @@ from typing import Any, Mapping
 
 from lms.config import LMSConfig
 
-from .backends import SearchRun
+from .backends import SearchRun, get_backend
 from .confirm import fresh_process_trials
 from .batch import Prediction, predict_max_batch, usable_bytes
 from .budget import format_bytes
+from .environment import host_memory_bytes, tensorflow_distribution
 from .graphs import derive_emulated_budget, load_graph, load_op_costs
 from .progress import Progress
 from .records import counted
@@ -44,7 +49,7 @@ from .space import SearchSpace
 from .storage import open_storage, storage_lock
 from .study import TUNER_ATTR, claim_study, make_sampler, queue_warm_start, setup_finished, tuner_record
 
-__all__ = ["run_search", "SearchOutcome"]
+__all__ = ["run_search", "SearchOutcome", "environment_info"]
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +295,47 @@ def _smallest_need(trials: Any, screened: Any, *, graph: Any, usable: int, setti
 
 
 def _environment(settings: SearchSettings) -> dict[str, Any]:
-    from .environment import environment_info
-
     return environment_info(backend=settings.backend, gpu=settings.gpus[0] if settings.gpus else settings.gpu)
+
+
+def environment_info(*, backend: Any, gpu: str | None = None) -> dict[str, Any]:
+    """JSON-ready description of this machine for recommended.json.
+
+    ``device_name`` / ``driver_version`` come from the backend (`tuner.backends.Backend.device_info`):
+    the GPU's for gpu; this CPU with TensorFlow's BFC allocator for emulated; none for simulate.
+    """
+    tf = tensorflow_distribution()
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "host_memory_bytes": host_memory_bytes(),
+        "tensorflow": tf[1] if tf else None,
+        "tensorflow_distribution": tf[0] if tf else None,
+        "keras": _version("keras"),
+        "optuna": _version("optuna"),
+        "tflms_tuner": _version("tflms-tuner"),
+        "device_name": None,
+        "driver_version": None,
+    }
+    info.update(get_backend(backend).device_info(info, gpu=gpu))
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None

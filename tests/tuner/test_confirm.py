@@ -181,7 +181,7 @@ def test_confirmed_figures_take_the_bracket_and_name_runs_without_a_verdict() ->
 def test_the_throughput_rule_reads_the_confirmed_figures() -> None:
     """A search measured its no-LMS trial at 87.9 samples/s and its LMS trial at 63.4 (0.72x: no LMS would be
     recommended); their fresh processes, best of each, say 67.7 and 74.3: the LMS config is."""
-    from tuner.outputs import select_recommendation
+    from tuner.selection import select_recommendation
 
     def trial(number: int, batch: int, thr: float, n: int) -> SimpleNamespace:
         return SimpleNamespace(number=number, state=SimpleNamespace(name="COMPLETE"), values=[batch, thr],

@@ -23,7 +23,7 @@ from tuner.knobs import KNOB_TABLE, KnobTable, canonical_key, short_label
 from tuner.loop import optimize
 from tuner.outputs import write_trials_csv
 from tuner.progress import Progress
-from tuner.backends.simulate import predicted_record
+from tuner.records import predicted_record
 from tuner.report.data import report_data
 from tuner.report.html import render_html
 from tuner.space import SearchSpace

@@ -9,8 +9,8 @@ import optuna
 import pytest
 
 from lms import LMSConfig
-from tuner.outputs import (format_recommendation, pareto_front, read_recommendation, select_recommendation,
-                           source_label, write_outputs)
+from tuner.outputs import format_recommendation, read_recommendation, source_label, write_outputs
+from tuner.selection import pareto_front, select_recommendation
 from tuner.settings import SearchSettings
 from tuner.storage import resolve_storage
 

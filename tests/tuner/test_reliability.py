@@ -136,7 +136,8 @@ def test_a_time_limit_that_runs_out_first_says_so(tmp_path: Path, seed_graph) ->
 
 def test_warm_start_is_queued_again_after_an_interrupt_right_after_creation(tmp_path: Path, seed_graph,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.cli import build_parser, build_search_settings
+    from tuner.cli.args import build_parser
+    from tuner.cli.search_settings import build_search_settings
     from tuner.search import run_search
 
     seed_graph(tmp_path / "studies", STUDY)

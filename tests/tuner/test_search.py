@@ -19,7 +19,7 @@ from tuner.progress import Progress
 from tuner.knobs import canonical_key
 from tuner.loop import optimize
 from tuner.pareto import pareto_picks
-from tuner.backends.simulate import predicted_record
+from tuner.records import predicted_record
 from tuner.records import TrialRecord
 from tuner.recovery import recover_stale_trials
 from tuner.search import run_search

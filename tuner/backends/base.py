@@ -70,7 +70,7 @@ class SearchRun:
     notes: list[str] = field(default_factory=list)
 
     def evaluate_predicted(self, config: Any, trial: Any) -> "TrialRecord":
-        from .simulate import predicted_record
+        from ..records import predicted_record
 
         return predicted_record(config, self.predict(config), usable=self.usable, device=self.settings.device)
 

@@ -36,12 +36,12 @@ from ..oom import HOST_OOM
 from ..pareto import pareto_picks
 from ..progress import Progress
 from ..protocol import MeasureRequest
-from ..records import INFEASIBLE, TrialRecord, counted
+from ..records import INFEASIBLE, TrialRecord, counted, predicted_record
 from ..recovery import recover_stale_trials
 from ..study import SCREEN_SUFFIX, claim_screen_study, make_sampler, queue_warm_start
 from ..worker import WorkerOutcome, run_worker
 from .base import Backend, SearchRun
-from .simulate import predicted_record
+
 
 __all__ = ["MeasuredBackend", "SIM_SKIP_TOLERANCE", "SCREEN_SEED", "EXTRA_TRIALS", "calibration", "measured_record",
            "fresh_record", "machine_error_record"]
@@ -154,7 +154,7 @@ class MeasuredBackend(Backend):
     def _rule_rejects_lms(run: SearchRun) -> bool:
         """The rule, on the fresh-process figures, picks no LMS while an LMS config fitted a larger batch."""
         from ..bracket import stored_confirmations
-        from ..outputs import select_recommendation
+        from ..selection import select_recommendation
 
         s = run.settings
         chosen, front = select_recommendation(run.main.get_trials(deepcopy=False), prefer=s.prefer,

@@ -5,13 +5,11 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Mapping
 
-from ..batch import Prediction
 from ..errors import BadInput
 from ..loop import optimize
-from ..records import TrialRecord
 from .base import Backend, GpuChoice, SearchRun
 
-__all__ = ["SimulateBackend", "predicted_record"]
+__all__ = ["SimulateBackend"]
 
 
 class SimulateBackend(Backend):
@@ -60,22 +58,3 @@ class SimulateBackend(Backend):
                        progress=run.progress, desc="search (simulated)", seed=s.seed, ask_lock=run.ask_lock,
                        stopped=run.stopped)
         return ran, 0
-
-
-def predicted_record(config: Any, pred: Prediction, *, usable: int, device: str) -> TrialRecord:
-    """The simulator's verdict on `config` as a record (figures PREDICTED)."""
-    simulated = SimulateBackend.name
-    host = {"peak_host_bytes": pred.peak_host_bytes} if pred.peak_host_bytes is not None else {}
-    if not pred.feasible:
-        need = pred.min_bytes or pred.peak_bytes
-        return TrialRecord(config, simulated, False, "infeasible", 0, 0.0, pred.peak_bytes,
-                           f"simulator ({device})", pred.peak_bytes, 0.0,
-                           constraint=max(need / usable - 1.0, 1e-6), reason=pred.reason,
-                           extra={"predicted_batch": 0, "n_swapped": pred.n_swapped, **host,
-                                  **({"limited_by": "host"} if pred.limited_by == "host" else {})})
-    return TrialRecord(config, simulated, False, "ok", pred.batch, pred.throughput, pred.peak_bytes,
-                       f"simulator ({device})", pred.peak_bytes, pred.throughput,
-                       constraint=pred.peak_bytes / usable - 1.0,
-                       reason="capped at --max-batch" if pred.capped else "",
-                       extra={"predicted_batch": pred.batch, "predicted_step_time_s": pred.step_time_s,
-                              "n_swapped": pred.n_swapped, **host, "limited_by": pred.limited_by})

@@ -1,0 +1,77 @@
+"""``best``: a study's recommendation, from its recommended.json or computed from the storage."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..backends import get_backend
+from ..errors import BadInput
+from .common import EXIT_FAILURE, EXIT_OK, err, open_existing
+
+__all__ = ["cmd_best"]
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    from ..outputs import format_recommendation, read_recommendation
+
+    path = args.studies_dir / args.study / "recommended.json"
+    if path.is_file():
+        try:
+            doc = read_recommendation(path)
+            text = json.dumps(doc, indent=2, allow_nan=False) if args.json else format_recommendation(doc)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, OSError) as exc:
+            reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            err(f"cannot read {path}: {reason.removeprefix(f'{path}: ')}; run the search again to rewrite it")
+            return EXIT_FAILURE
+    else:
+        doc = _recommendation_from_storage(args)
+        if doc is None:
+            err(f"study {args.study!r} has no feasible config yet")
+            return EXIT_FAILURE
+        text = json.dumps(doc, indent=2, default=str) if args.json else format_recommendation(doc)
+    print(text)
+    return EXIT_OK
+
+
+def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | None:
+    """What the search would write as recommended.json, from the storage: its stored settings pick the same."""
+    from ..backends import backend_named
+    from ..confirm import CONFIRMATIONS_ATTR
+    from ..outputs import build_recommendation
+    from ..selection import select_recommendation
+    from ..settings import SearchSettings
+    from ..study import tuner_record
+
+    spec, _, study = open_existing(args)
+    stored = tuner_record(study.user_attrs) or {}
+    selection = stored.get("selection") if isinstance(stored.get("selection"), dict) else {}
+    try:
+        settings = SearchSettings(
+            study=args.study, model=str(stored.get("model", "?")),
+            model_options=dict(stored.get("model_options") or {}),
+            backend=backend_named(stored.get("backend")) or get_backend("simulate"),
+            budget_bytes=stored.get("budget_bytes"), budget_source="stored", device=str(stored.get("device", "")),
+            trials=0, screen_trials=0, storage=spec, studies_dir=args.studies_dir,
+            workload=dict(stored.get("workload") or {}), safety_margin=float(stored.get("safety_margin", 0.05)),
+            max_batch=int(stored.get("max_batch") or 4096), batch=stored.get("batch"),
+            prefer=str(selection.get("prefer", "batch")),
+            min_throughput_ratio=float(selection.get("min_throughput_ratio", 0.8)),
+            host_budget_bytes=stored.get("host_budget_bytes"), host_budget_source=str(stored.get("host_budget_source", "")))
+    except (TypeError, ValueError) as exc:
+        raise BadInput(f"study {args.study!r} has unreadable tuner settings ({exc})") from None
+    trials = study.get_trials(deepcopy=False)
+    chosen, front = select_recommendation(trials, prefer=settings.prefer,
+                                          min_throughput_ratio=settings.min_throughput_ratio,
+                                          confirmations=study.user_attrs.get(CONFIRMATIONS_ATTR))
+    if chosen is None:
+        return None
+    budget = int(stored.get("budget_bytes") or 0)
+    from ..batch import usable_bytes
+
+    return build_recommendation(study=args.study, chosen=chosen, front=front, trials=trials, settings=settings,
+                                budget_bytes=budget, budget_source=str(stored.get("budget_source", "")),
+                                usable_bytes=usable_bytes(budget, settings.safety_margin), environment={},
+                                notes=["computed from the study storage (recommended.json not written yet)"],
+                                confirmations=study.user_attrs.get(CONFIRMATIONS_ATTR))
