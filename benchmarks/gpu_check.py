@@ -304,7 +304,7 @@ def check_bandwidth(child: Mapping[str, Any] | None, *, profile: Any) -> list[Ch
                   f"device->host {figures['d2h_bytes_per_s'] / 1e9:.1f} GB/s, host->device "
                   f"{(figures['h2d_bytes_per_s'] or 0) / 1e9:.1f} GB/s; profile {profile.name} assumes "
                   f"{profile.link_bandwidth / 1e9:.1f} GB/s ({profile.link})",
-                  "" if ok else f"the simulator's link is too fast for this machine: give lms.devices' {profile.name} "
+                  "" if ok else f"the simulator's link is too fast for this machine: give lms.machine.devices' {profile.name} "
                                 "this link_bandwidth (DeviceProfile.replace) or add a profile for it",
                   figures)]
 
@@ -367,7 +367,7 @@ def _gib(value: int | None) -> str:
 def _child_devices(args: argparse.Namespace) -> dict[str, Any]:
     import tensorflow as tf
 
-    from lms.nvml import NvmlSampler
+    from lms.machine.nvml import NvmlSampler
 
     gpus = tf.config.list_physical_devices("GPU")
     out: dict[str, Any] = {"tf_version": tf.__version__,
@@ -564,8 +564,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.child_out.write_text(json.dumps(out, default=str))
         return 0
 
-    from lms.devices import get_device
-    from lms.nvml import gpu_inventory
+    from lms.machine.devices import get_device
+    from lms.machine.nvml import gpu_inventory
     from tuner.backends.gpu import default_profile
     from tuner.environment import tensorflow_distribution
     from tuner.gpus import GpuChoiceError, choose_gpu

@@ -24,8 +24,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "simulate": "lms.simulator",
     "max_batch": "lms.simulator",
-    "DEVICES": "lms.devices",
-    "get_device": "lms.devices",
+    "DEVICES": "lms.machine.devices",
+    "get_device": "lms.machine.devices",
     "measure_step": "lms.tf.measure",
     "make_train_step": "lms.tf.train",
     "function": "lms.tf.function",

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import LMSConfig
-from .devices import DeviceProfile, get_device
+from .machine.devices import DeviceProfile, get_device
 from .graph import Graph
 from .sizes import MIN_SIZE, format_size, parse_size
 

@@ -184,7 +184,7 @@ def test_an_exact_schedule_keeps_the_candidate_whose_own_order_peaks_lowest(grap
 
 
 def test_the_simulator_pins_whole_on_cpu_devices_only():
-    from lms.devices import get_device
+    from lms.machine.devices import get_device
     from lms.sim.interpreter import exact_on
 
     graph = bn_relu_blocks(3)

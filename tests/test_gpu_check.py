@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks import gpu_check as gc
-from lms.devices import get_device
+from lms.machine.devices import get_device
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"

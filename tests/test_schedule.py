@@ -324,7 +324,7 @@ def test_sync_mode_1_makes_forward_readers_wait_for_the_swap_out():
 
 
 def test_sync_mode_1_stalls_the_forward_pass_on_a_slow_link():
-    from lms.devices import DeviceProfile
+    from lms.machine.devices import DeviceProfile
     slow = DeviceProfile(name="slow", memory_bytes=1 << 40, peak_flops=1e12, mem_bandwidth=1e11,
                          link_bandwidth=1e8, link="slow link", source="test", op_overhead_s=0.0,
                          transfer_latency_s=0.0)

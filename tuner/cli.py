@@ -386,7 +386,7 @@ def check_output_folder(folder: Path, *, what: str) -> None:
 
 def build_search_settings(args: argparse.Namespace) -> Any:
     """Validate everything the user gave; write nothing. Raises BadInput."""
-    from lms.devices import get_device
+    from lms.machine.devices import get_device
     from tuner.models import parse_options
 
     from .environment import default_backend, gpus

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from ..devices import DeviceProfile, get_device
+from ..machine.devices import DeviceProfile, get_device
 from ..graph import SHAPE_ONLY_TYPES, Graph, Role
 from ..plan import HOST_DEVICE, SWAP_OUT_TYPE
 from .compiled import ALIAS_TYPES, FORWARDING_INPUTS, INPUT_TYPES, RESIDENT_TYPES, _resident_items

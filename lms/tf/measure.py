@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from lms import hostmem
-from lms.nvml import NvmlReading, NvmlSampler, nvml_available
+from lms.machine import hostmem
+from lms.machine.nvml import NvmlReading, NvmlSampler, nvml_available
 
 __all__ = [
     "BFC_ENV", "GROWTH_ENV", "StepMeasurement", "configure_cpu_allocator",

@@ -1,4 +1,4 @@
-"""lms.tf.measure and lms.hostmem with real TensorFlow on CPU (tiny models).
+"""lms.tf.measure and lms.machine.hostmem with real TensorFlow on CPU (tiny models).
 
 The BFC allocator must be on before TensorFlow's runtime starts: tests/conftest.py
 sets TF_CPU_ALLOCATOR_USE_BFC=true for the session; `configure_cpu_allocator`
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lms import hostmem
+from lms.machine import hostmem
 from lms.tf.measure import (
     BFC_ENV, GROWTH_ENV, _normalise_device, configure_cpu_allocator,
     configure_gpu_memory_growth, cpu_allocator_is_bfc, default_device, device_batch, measure_step,
