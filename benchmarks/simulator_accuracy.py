@@ -545,7 +545,7 @@ def _print_table(rows: list[dict[str, Any]], summary: dict[str, Any], timing: di
                   f"{t['simulation_ms_median']:.2f} ms ({t['simulation_with_timeline_ms']:.1f} ms with the "
                   f"timeline); max_batch {t['max_batch_s']:.3f} s "
                   f"({t['max_batch_simulations']} simulations; {t['max_batch_s_incl_compile']:.2f} s with "
-                  f"compiling the plan); planner {t['planner_s']:.1f} s (lms.planner, not the simulator)")
+                  f"compiling the plan); planner {t['planner_s']:.1f} s (lms.plan.swap_planner, not the simulator)")
 
 
 if __name__ == "__main__":

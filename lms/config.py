@@ -166,7 +166,7 @@ class LMSConfig:
             triggered right before its first reader, no prefetch); ``3`` both.
         recompute: which saved forward tensors the backward pass may rebuild
             from kept or swapped-in tensors instead of keeping or swapping them
-            (`lms.recompute_planner`): ``"none"`` (default: keep or swap only),
+            (`lms.plan.recompute_planner`): ``"none"`` (default: keep or swap only),
             ``"cheap"`` (the planner's choice among `lms.optypes.RECOMPUTABLE_TYPES`:
             elementwise ops, BatchNorm's normalisation, ``BiasAdd``, ``Relu``,
             ``Cast``, ``Pad``, views), or a list of those op types (only they are

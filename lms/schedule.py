@@ -20,7 +20,7 @@ Three kinds of ordering edges, all made here and applied as control edges
   order two neighbours (a transitive reduction along the chain: a few hundred
   edges on ResNet-50, not one per op).
 
-Only *pinnable* ops carry these edges (`lms.anchor.pinnable_ops`): a control
+Only *pinnable* ops carry these edges (`lms.plan.anchor.pinnable_ops`): a control
 edge on an op that Grappler's remapper or arithmetic optimizer would rewrite
 (``Conv2D+BiasAdd+Relu`` -> ``_FusedConv2D``, BatchNorm's ``Mul``/``AddV2``)
 stops the rewrite, and the step computes with other kernels (results differ in
@@ -30,7 +30,7 @@ its nearest pinnable ancestor, ``b`` to its nearest pinnable descendant (a
 weaker order, never a cycle); with none, it is dropped (`Schedule.dropped`).
 The memory order is pinned through its pinnable ops only, plus one edge into
 each swap-in from the last op before it that may carry a control output (the
-rule swap-in triggers follow, `lms.anchor.trigger_ops`), so the copy comes in
+rule swap-in triggers follow, `lms.plan.anchor.trigger_ops`), so the copy comes in
 where the order put it; the others run when TF's executor reaches them, so each candidate is scored by the peak of the
 order TF's executor models (`lms.sim.order.executed_order`, both kinds) run
 over the graph with its pins, not by the order asked for.
@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from .anchor import merged_pairs, pinnable_ops, trigger_ops
+from .plan.anchor import merged_pairs, pinnable_ops, trigger_ops
 from .config import LMSConfig, serialization_levels
 from .graph import SHAPE_ONLY_TYPES, Graph, GraphError, Op, Role
 from .plan import SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
@@ -99,7 +99,7 @@ class Schedule:
             ``"memory"`` the chain that pins `order`'s pinnable ops that
             allocate or read device memory, minus neighbours the graph already
             orders, and one edge into each swap-in from the last trigger op
-            before it (`lms.anchor.trigger_ops`; all other edges join
+            before it (`lms.plan.anchor.trigger_ops`; all other edges join
             pinnable ops).
         dropped: requested constraints no pinnable pair can express.
         candidates: estimated peak bytes of each candidate order at `batch`, as
@@ -152,8 +152,8 @@ class Schedule:
         """Check against the rewritten graph (`rewrite_graph(graph, plan)`, before pinning).
 
         Checks: every edge names known ops; the graph plus every edge is acyclic;
-        every pin joins two pinnable ops (`lms.anchor.pinnable_ops`), or a
-        trigger op and a swap-in (`lms.anchor.trigger_ops`); a pinned
+        every pin joins two pinnable ops (`lms.plan.anchor.pinnable_ops`), or a
+        trigger op and a swap-in (`lms.plan.anchor.trigger_ops`); a pinned
         order is a permutation of the graph's ops, topological for the graph
         plus `constraints` and the pins.
 
@@ -365,7 +365,7 @@ def resource_edges(graph: Graph) -> tuple[tuple[str, str], ...]:
 
 
 def merge_edges(graph: Graph) -> tuple[tuple[str, str], ...]:
-    """Model-only edges for oneDNN's merged pairs (`lms.anchor.merged_pairs`): the merged op runs after
+    """Model-only edges for oneDNN's merged pairs (`lms.plan.anchor.merged_pairs`): the merged op runs after
     every input of both, so ``b`` is ordered after ``a``'s inputs (no pin may then run between them)."""
     edges = []
     for a, b in merged_pairs(graph):
@@ -409,7 +409,7 @@ def _trigger_pins(m: BufferModel, order: list[int], triggers: frozenset[str]) ->
     earlier, and TF's executor would copy the tensor in long before its reader
     needs it (seen: ResNet-50's ``pool1`` output held 0.7 GiB through a whole
     BatchNorm backward at the peak). An edge from the latest op before the
-    swap-in that may carry a control output (`lms.anchor.trigger_ops`) keeps the
+    swap-in that may carry a control output (`lms.plan.anchor.trigger_ops`) keeps the
     copy where the order put it. Skipped where that op is already an input.
     """
     pins: list[tuple[str, str]] = []

@@ -7,7 +7,7 @@ import pytest
 from lms import LMSConfig, plan_swaps
 from lms.graph import GraphBuilder, Role
 from lms.plan import SWAP_IN_TYPE, rewrite_graph
-from lms.anchor import merged_pairs, pinnable_ops, trigger_ops
+from lms.plan.anchor import merged_pairs, pinnable_ops, trigger_ops
 from lms.schedule import (EXECUTOR_KINDS, Schedule, ScheduleError, anchor_edges, merge_edges, order_peak, pin_graph,
                           resource_edges, resource_order_edges,
                           schedule_ops)

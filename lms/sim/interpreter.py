@@ -30,7 +30,7 @@ from ..config import LMSConfig
 from ..machine.devices import DeviceProfile, get_device
 from ..graph import Graph
 from ..plan import SwapPlan
-from ..planner import plan_swaps
+from ..plan import plan_swaps
 from .bfc import replay_bfc
 from .compiled import CompiledGraph, compile_graph
 from .costs import ONEDNN_TEMPORARIES, TEMPORARIES, TemporaryModel

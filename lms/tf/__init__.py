@@ -29,7 +29,7 @@ _LAZY = {
     "function": "lms.tf.function",
     "LMSFunction": "lms.tf.function",
     "LMSSummary": "lms.tf.function",
-    "anchor_triggers": "lms.anchor",
+    "anchor_triggers": "lms.plan.anchor",
     "optimized_graph_def": "lms.tf.apply",
     "executed_graph_defs": "lms.tf.apply",
     "swap_op_names": "lms.tf.apply",

@@ -1,7 +1,7 @@
 """Apply a finished `SwapPlan` to a TensorFlow graph: clone recomputed chains, insert swap ops, reroute, add triggers.
 
 This is the only place that edits a TensorFlow graph. What to swap and when was
-decided elsewhere (`lms.planner.plan_swaps` over the framework-free graph
+decided elsewhere (`lms.plan.plan_swaps` over the framework-free graph
 model); this module does exactly what the plan says::
 
     (fwd_op@dev) -> t -> [lms/swap_out/t @host] -> [fwd_op-lms_swap_in_0_i @host] ==copy==> (bwd_op@dev)
@@ -29,7 +29,7 @@ first (`_insert_clones`), so the swaps can serve the clones::
     (b) -> [b-lms_gate_t_0_0] -> [<op>-lms_recompute_t_0_0] ... -> t' -> (bwd_op)
 
 Clones and gates are named after the op they stand in for
-(`lms.recompute.recompute_op_name`, `lms.recompute.gate_op_name`) for the same
+(`lms.plan.recompute.recompute_op_name`, `lms.plan.recompute.gate_op_name`) for the same
 reason. After inserting everything `apply_plan` checks every commutative op
 that reads an inserted op (a swap-in, a clone or a gate; clones read clones)
 and warns when Grappler's sort would put an input in another position.
@@ -49,9 +49,9 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.eager import record
 
-from ..anchor import REWRITABLE_TYPES, anchor_triggers  # noqa: F401  (re-exported)
+from ..plan.anchor import REWRITABLE_TYPES, anchor_triggers  # noqa: F401  (re-exported)
 from ..plan import Swap, SwapIn, SwapPlan
-from ..recompute import GATE_TYPE, RecomputePlan, is_recompute_op_name
+from ..plan.recompute import GATE_TYPE, RecomputePlan, is_recompute_op_name
 from .emulate import emulated_swap_in, emulated_swap_out
 
 __all__ = ["apply_plan", "observe_swapped_size", "anchor_triggers", "AppliedPlan", "SWAP_OPS", "HOST_DEVICE",
@@ -78,7 +78,7 @@ class AppliedPlan:
         rerouted_inputs: consumer inputs now reading a swap-in.
         triggers: control edges added (trigger op -> swap-in op).
         swap_ops: ``"device"`` or ``"emulated"``.
-        clones: the inserted recompute ops (gates and clones, `lms.recompute.is_recompute_op_name`), in plan order.
+        clones: the inserted recompute ops (gates and clones, `lms.plan.recompute.is_recompute_op_name`), in plan order.
     """
 
     swap_outs: tuple[str, ...]
@@ -444,7 +444,7 @@ def swap_op_names(graph_def: Any) -> list[str]:
 
 
 def clone_op_names(graph_def: Any) -> list[str]:
-    """Names of the recompute clones and gates (`lms.recompute.is_recompute_op_name`) of a GraphDef (and its library)."""
+    """Names of the recompute clones and gates (`lms.plan.recompute.is_recompute_op_name`) of a GraphDef (and its library)."""
     names = [n.name for n in graph_def.node]
     for fdef in graph_def.library.function:
         names.extend(n.name for n in fdef.node_def)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..plan import SwapPlan
-from ..recompute import RECOMPUTE_MARKER, is_gate_op_name
+from ..plan.recompute import RECOMPUTE_MARKER, is_gate_op_name
 
 __all__ = ["Naming", "Canonical", "Difference", "canonical", "differences", "optimized_differences", "CHECK_PREFIX"]
 

@@ -7,7 +7,7 @@ When the step's Python function returns, still inside the trace (so after
 ``apply_gradients`` too), the graph built so far is read into the graph model
 (`lms.tf.extract.extract_graph`), planned (`lms.plan_swaps`), its triggers
 anchored where Grappler would otherwise optimize differently
-(`lms.anchor.anchor_triggers`), checked (`SwapPlan.validate`) and applied
+(`lms.plan.anchor.anchor_triggers`), checked (`SwapPlan.validate`) and applied
 (`lms.tf.apply.apply_plan`). TensorFlow then adds its automatic control
 dependencies and turns the edited graph into the function it runs::
 
@@ -47,7 +47,8 @@ from ..auto import AUTO, DEFAULT_MARGIN, NoConfigFits
 from ..config import LMSConfig
 from ..graph import Graph
 from ..plan import SwapPlan
-from ..planner import LOOP_ACCUMULATOR_REASON, plan_swaps
+from ..plan import plan_swaps
+from ..plan.candidates import LOOP_ACCUMULATOR_REASON
 from ..sim.interpreter import resolve_plan
 from .apply import AppliedPlan, apply_plan, default_compute_device
 from .auto import AutoSettings, PeakCheck

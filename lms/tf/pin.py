@@ -7,7 +7,7 @@ inserted the swap ops they may name::
     (a) -> ... (b)          (a) ..> (b)   control edge
 
 The schedule only pins ops that no Grappler or oneDNN rewrite touches
-(`lms.anchor.pinnable_ops`), and nothing is marked ``_grappler_do_not_remove``
+(`lms.plan.anchor.pinnable_ops`), and nothing is marked ``_grappler_do_not_remove``
 here: the mark puts an op in Grappler's preserve set, which also stops rewrites
 (the swap ops already carry it). Grappler's dependency optimizer may drop a
 pin that the graph already implies, never the order; check with

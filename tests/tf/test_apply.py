@@ -414,7 +414,7 @@ def test_commutative_readers_of_clones_and_gates_keep_their_sorted_input_order(n
     """
     from tensorflow.python.framework import func_graph
 
-    from lms.recompute import Clone, Gate, Recompute, RecomputePlan, gate_op_name, recompute_op_name
+    from lms.plan.recompute import Clone, Gate, Recompute, RecomputePlan, gate_op_name, recompute_op_name
 
     graph = func_graph.FuncGraph("order")
     with graph.as_default():

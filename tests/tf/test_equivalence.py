@@ -2,7 +2,7 @@
 
 Each case is the issue's minimal reproduction: the step returns its gradients,
 which must equal ``tf.function``'s bit for bit. ``check=False`` shows that the
-planner's rules alone avoid the case (`lms.anchor`, `lms.rewrites`); the
+planner's rules alone avoid the case (`lms.plan.anchor`, `lms.plan.rewrites`); the
 harmful plans injected below show that the check (`lms.tf.equivalence`) finds
 and corrects what a planner would do wrong, and that they are harmful indeed.
 """
@@ -18,8 +18,8 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import lms  # noqa: E402
-import lms.planner  # noqa: E402
-import lms.recompute_planner  # noqa: E402
+import lms.plan.swap_planner  # noqa: E402
+import lms.plan.recompute_planner  # noqa: E402
 import lms.tf.function  # noqa: E402
 from lms.tf.equivalence import optimized_differences  # noqa: E402
 
@@ -158,12 +158,12 @@ def _harmful_trigger(monkeypatch):
 
 
 def _harmful_swap_in(monkeypatch):
-    monkeypatch.setattr(lms.planner, "hides_rewrite", lambda *a: "")
+    monkeypatch.setattr(lms.plan.swap_planner, "hides_rewrite", lambda *a: "")
     return nt_xent(), lms.LMSConfig(incl_types=["Transpose"]), "swap-in dropped"
 
 
 def _harmful_recompute(monkeypatch):
-    monkeypatch.setattr(lms.recompute_planner, "recompute_changes_readers", lambda *a: "")
+    monkeypatch.setattr(lms.plan.recompute_planner, "recompute_changes_readers", lambda *a: "")
     return vit_mlp(), lms.LMSConfig(n_tensors=0, recompute="cheap"), "recompute dropped"
 
 
