@@ -167,7 +167,7 @@ def choose_config(graph: Graph, *, batch: int, budget: int | str, device: Device
         device: the device profile to simulate (``"cpu"`` for the emulated device).
         margin: fraction of the budget kept free.
         exact: a memory-scheduled step runs its order exactly (pinned whole,
-            `lms.exact`); ``None``: as `lms.sim.simulate` decides for `device`.
+            `lms.schedule.exact_order`); ``None``: as `lms.sim.simulate` decides for `device`.
 
     Raises:
         NoConfigFits: no rung fits; the message names the smallest predicted peak,

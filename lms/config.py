@@ -151,7 +151,7 @@ class LMSConfig:
             as without LMS) or ``"memory"`` (`lms.schedule.schedule_ops`: a
             topological order chosen for the lowest simulated peak, pinned with
             control edges so that it is the order that runs: on one CPU device
-            through every op of TF's optimized graph, `lms.exact`; on a GPU
+            through every op of TF's optimized graph, `lms.schedule.exact_order`; on a GPU
             through the ops no Grappler rewrite touches).
         serialization: TFLMS v2's option: topological levels whose ops are
             chained one after another by control edges, each entry a level

@@ -10,7 +10,7 @@ from pathlib import Path
 
 CORE = ["lms", "lms.config", "lms.graph", "lms.plan.swap_planner", "lms.plan", "lms.optypes", "lms.plan.recompute",
         "lms.plan.recompute_planner", "lms.simulator", "lms.machine.devices",
-        "lms.plan.anchor", "lms.schedule", "lms.schedule_model", "lms.schedule_candidates", "lms.exact",
+        "lms.plan.anchor", "lms.schedule", "lms.schedule.models", "lms.schedule.candidate_orders", "lms.schedule.exact_order",
         "lms.sim", "lms.sim.compiled", "lms.sim.order", "lms.sim.result", "lms.sim.costs", "lms.sim.interpreter",
         "lms.sim.search", "lms.sim.bfc", "lms.sim.bound", "lms.sim.layout", "lms.auto", "lms.sizes"]
 TUNER = ["tuner", "tuner.cli", "tuner.search", "tuner.settings", "tuner.knobs", "tuner.space", "tuner.loop",

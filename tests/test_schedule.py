@@ -189,7 +189,8 @@ def early_broadcast():
 
 
 def test_sink_runs_an_op_that_only_adds_memory_just_before_its_reader():
-    from lms.schedule import buffer_model, sink
+    from lms.schedule.candidate_orders import sink
+    from lms.schedule.models import buffer_model
 
     graph = early_broadcast()
     m = buffer_model(graph, 8)
@@ -426,7 +427,7 @@ def test_prefetch_moves_swap_ins_earlier_without_raising_the_peak_and_cuts_stall
 
 @pytest.mark.parametrize("make", GRAPHS + [pytest.param(two_branches, id="two_branches")])
 def test_prefetch_never_raises_the_peak_of_the_orders_tf_runs(make):
-    from lms.schedule_candidates import PREFETCH_DOMINANCE
+    from lms.schedule.candidate_orders import PREFETCH_DOMINANCE
     from lms.schedule import scoring_batch  # the batch the pass checks at
     graph = make()
     plans = [plan_swaps(graph, LMSConfig(n_tensors=-1, lb=2, schedule="memory", prefetch=p))

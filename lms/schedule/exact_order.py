@@ -60,7 +60,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .plan.anchor import MERGED_SIBLING_TYPES
+from ..plan.anchor import MERGED_SIBLING_TYPES
 
 __all__ = ["Node", "ExactOrder", "ExactOrderError", "exact_order", "FREE_TYPES", "CONTROL_FLOW_TYPES"]
 
