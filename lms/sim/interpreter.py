@@ -36,7 +36,7 @@ from .compiled import CompiledGraph, compile_graph
 from .costs import ONEDNN_TEMPORARIES, TEMPORARIES, TemporaryModel
 from .layout import converts_layout
 from .opcosts import OpCosts
-from .result import SimResult, Timeline, TimelineEvent, _Trace
+from .result import SimResult, Timeline, TimelineEvent, Trace
 
 __all__ = ["simulate", "SimResult", "Timeline", "TimelineEvent", "compiled_for", "resolve_plan", "schedule_for", "exact_on",
            "layout_transposes_on",
@@ -319,7 +319,7 @@ def run(cg: CompiledGraph, batch: int, *, device: DeviceProfile | None = None,
         raise ValueError(f"allocator={allocator!r}: allowed values are 'exact', 'bfc'")
     peak_host = int(host.max()) if n else 0
 
-    trace = _Trace(cg, start, device_bytes, host, out_start, out_done, in_start, in_done,
+    trace = Trace(cg, start, device_bytes, host, out_start, out_done, in_start, in_done,
                    out_bytes, in_bytes, stall_pos, stall_len) if want_timeline else None
     return SimResult(
         batch=b, peak_device_bytes=peak, peak_host_bytes=peak_host, step_time_s=step_time,

@@ -86,7 +86,7 @@ class SimResult:
     peak_temporary_bytes: int
     n_swap_outs: int
     n_swap_ins: int
-    _trace: "_Trace | None" = field(default=None, repr=False, compare=False)
+    _trace: "Trace | None" = field(default=None, repr=False, compare=False)
 
     def feasible(self, budget_bytes: int) -> bool:
         """True if the peak fits in `budget_bytes`."""
@@ -110,7 +110,7 @@ class SimResult:
 
 
 @dataclass(frozen=True)
-class _Trace:
+class Trace:
     """The raw arrays of one run, turned into a `Timeline` on demand."""
 
     cg: CompiledGraph
