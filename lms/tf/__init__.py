@@ -11,7 +11,7 @@
 - `train`: `make_train_step`, the standard step.
 
 Submodules are imported on first use, so importing ``lms.tf`` alone does not
-import TensorFlow (``lms.tf.measure`` must set allocator flags before that).
+import TensorFlow (``lms.tf.allocator`` must set allocator flags before that).
 """
 
 from __future__ import annotations
