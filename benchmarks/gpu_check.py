@@ -169,7 +169,7 @@ def transposes_next_to_swaps(nodes: Iterable[Any], is_swap: Callable[[str], bool
 
     Args:
         nodes: GraphDef nodes (``name``, ``op``, ``input``).
-        is_swap: whether an op name is an inserted swap op (`lms.tf.apply.is_swap_op_name`).
+        is_swap: whether an op name is an inserted swap op (`lms.tf.graphdefs.is_swap_op_name`).
 
     Returns:
         ``{"transpose", "swap", "side"}``: side ``"before"`` (its output goes to the swap op)
@@ -443,7 +443,7 @@ def _child_resnet(args: argparse.Namespace, *, lms_on: bool) -> dict[str, Any]:
     from tensorflow.python.eager import context
 
     from lms.sim.layout import converts_layout, is_transposed, transposed_rank
-    from lms.tf.apply import is_swap_op_name, swap_op_names
+    from lms.tf.graphdefs import is_swap_op_name, swap_op_names
     from lms.tf.placement import swap_transfers
     from lms.tf.measure import device_batch, measure_step
     from lms.tf.train import make_train_step

@@ -118,7 +118,7 @@ def node(name: str, op: str, *inputs: str) -> SimpleNamespace:
 
 
 def test_transposes_next_to_swap_ops_are_found_on_both_sides() -> None:
-    from lms.tf.apply import is_swap_op_name
+    from lms.tf.graphdefs import is_swap_op_name
 
     nodes = [
         node("conv1/Conv2D", "Conv2D", "x", "w"),

@@ -185,7 +185,7 @@ def differences(plain: Canonical, lms: Canonical) -> list[Difference]:
 
 
 def optimized_differences(plain_def: Any, lms_def: Any, plan: SwapPlan) -> list[Difference]:
-    """Differences between two optimized GraphDefs (e.g. `lms.tf.apply.executed_graph_defs` of a step run
+    """Differences between two optimized GraphDefs (e.g. `lms.tf.graphdefs.executed_graph_defs` of a step run
     without and with LMS), compared as `ensure_equivalent` compares them."""
     naming = Naming(plan)
     return differences(canonical(plain_def, naming), canonical(lms_def, naming))

@@ -26,10 +26,8 @@ from lms.tf.apply import (  # noqa: E402
     REWRITABLE_TYPES,
     anchor_triggers,
     apply_plan,
-    executed_graph_defs,
-    optimized_graph_def,
-    swap_op_names,
 )
+from lms.tf.graphdefs import executed_graph_defs, optimized_graph_def, swap_op_names  # noqa: E402
 from lms.tf.emulate import aligned_empty, emulated_swap_in, emulated_swap_out  # noqa: E402
 from lms.tf.extract import extract_graph  # noqa: E402
 from lms.tf.train import record_gradients  # noqa: E402

@@ -20,7 +20,7 @@ keras = pytest.importorskip("keras")
 import lms  # noqa: E402
 import lms.plan.swap_planner  # noqa: E402
 import lms.plan.recompute_planner  # noqa: E402
-import lms.tf.function  # noqa: E402
+import lms.tf.rewriter  # noqa: E402
 from lms.tf.equivalence import optimized_differences  # noqa: E402
 
 pytestmark = pytest.mark.tf
@@ -145,7 +145,7 @@ def test_gelu_recompute_keeps_grapplers_rewrites(emulate, check):
 # ---- the check fires: harmful plans are detected and corrected --------------------------------
 
 def _harmful_trigger(monkeypatch):
-    original = lms.tf.function.plan_swaps
+    original = lms.tf.rewriter.plan_swaps
 
     def plan(graph, config):
         p = original(graph, config)
@@ -153,7 +153,7 @@ def _harmful_trigger(monkeypatch):
         si = dataclasses.replace(s.swap_ins[0], trigger="gradient_tape/mul_1")
         return dataclasses.replace(p, swaps=(dataclasses.replace(s, swap_ins=(si,)),))
 
-    monkeypatch.setattr(lms.tf.function, "plan_swaps", plan)
+    monkeypatch.setattr(lms.tf.rewriter, "plan_swaps", plan)
     return distillation(), lms.LMSConfig(incl_types=["Reshape"]), "trigger moved"
 
 

@@ -15,7 +15,7 @@ tf = pytest.importorskip("tensorflow")
 import lms  # noqa: E402
 from lms import LMSConfig  # noqa: E402
 from lms.schedule import schedule_ops  # noqa: E402
-from lms.tf.apply import executed_graph_defs  # noqa: E402
+from lms.tf.graphdefs import executed_graph_defs  # noqa: E402
 from lms.tf.pin import apply_schedule, pinned_edges_survived  # noqa: E402
 from tests.tf.conftest import assert_bitwise  # noqa: E402
 
