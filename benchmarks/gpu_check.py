@@ -277,7 +277,7 @@ def check_devices(child: Mapping[str, Any] | None, log: str, *, chosen: Mapping[
         listed = smi.get(str(chosen["uuid"]))
         checks.append(Check("devices: nvidia-smi -L", "PASS" if listed else "FAIL",
                             f"{chosen['uuid']}: {listed or 'not listed'}",
-                            "" if listed else "lms/nvml.py gpu_inventory: a UUID nvidia-smi does not list"))
+                            "" if listed else "lms/machine/nvml.py gpu_inventory: a UUID nvidia-smi does not list"))
     context = child.get("context_bytes")
     if context is not None:
         from tuner.backends.gpu import CUDA_CONTEXT_BYTES
