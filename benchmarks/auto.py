@@ -80,7 +80,8 @@ def predict() -> dict[str, Any]:
 
 def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     """Steps 2 and 3, in a fresh process: one config (or "auto") at one batch."""
-    from lms.tf.measure import configure_cpu_allocator, measure_step
+    from lms.tf.allocator import configure_cpu_allocator
+    from lms.tf.measure import measure_step
 
     configure_cpu_allocator()
     import tensorflow as tf

@@ -169,7 +169,7 @@ def transposes_next_to_swaps(nodes: Iterable[Any], is_swap: Callable[[str], bool
 
     Args:
         nodes: GraphDef nodes (``name``, ``op``, ``input``).
-        is_swap: whether an op name is an inserted swap op (`lms.tf.apply.is_swap_op_name`).
+        is_swap: whether an op name is an inserted swap op (`lms.tf.graphdefs.is_swap_op_name`).
 
     Returns:
         ``{"transpose", "swap", "side"}``: side ``"before"`` (its output goes to the swap op)
@@ -277,7 +277,7 @@ def check_devices(child: Mapping[str, Any] | None, log: str, *, chosen: Mapping[
         listed = smi.get(str(chosen["uuid"]))
         checks.append(Check("devices: nvidia-smi -L", "PASS" if listed else "FAIL",
                             f"{chosen['uuid']}: {listed or 'not listed'}",
-                            "" if listed else "lms/nvml.py gpu_inventory: a UUID nvidia-smi does not list"))
+                            "" if listed else "lms/machine/nvml.py gpu_inventory: a UUID nvidia-smi does not list"))
     context = child.get("context_bytes")
     if context is not None:
         from tuner.backends.gpu import CUDA_CONTEXT_BYTES
@@ -304,7 +304,7 @@ def check_bandwidth(child: Mapping[str, Any] | None, *, profile: Any) -> list[Ch
                   f"device->host {figures['d2h_bytes_per_s'] / 1e9:.1f} GB/s, host->device "
                   f"{(figures['h2d_bytes_per_s'] or 0) / 1e9:.1f} GB/s; profile {profile.name} assumes "
                   f"{profile.link_bandwidth / 1e9:.1f} GB/s ({profile.link})",
-                  "" if ok else f"the simulator's link is too fast for this machine: give lms.devices' {profile.name} "
+                  "" if ok else f"the simulator's link is too fast for this machine: give lms.machine.devices' {profile.name} "
                                 "this link_bandwidth (DeviceProfile.replace) or add a profile for it",
                   figures)]
 
@@ -367,7 +367,7 @@ def _gib(value: int | None) -> str:
 def _child_devices(args: argparse.Namespace) -> dict[str, Any]:
     import tensorflow as tf
 
-    from lms.nvml import NvmlSampler
+    from lms.machine.nvml import NvmlSampler
 
     gpus = tf.config.list_physical_devices("GPU")
     out: dict[str, Any] = {"tf_version": tf.__version__,
@@ -443,7 +443,7 @@ def _child_resnet(args: argparse.Namespace, *, lms_on: bool) -> dict[str, Any]:
     from tensorflow.python.eager import context
 
     from lms.sim.layout import converts_layout, is_transposed, transposed_rank
-    from lms.tf.apply import is_swap_op_name, swap_op_names
+    from lms.tf.graphdefs import is_swap_op_name, swap_op_names
     from lms.tf.placement import swap_transfers
     from lms.tf.measure import device_batch, measure_step
     from lms.tf.train import make_train_step
@@ -564,8 +564,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.child_out.write_text(json.dumps(out, default=str))
         return 0
 
-    from lms.devices import get_device
-    from lms.nvml import gpu_inventory
+    from lms.machine.devices import get_device
+    from lms.machine.nvml import gpu_inventory
     from tuner.backends.gpu import default_profile
     from tuner.environment import tensorflow_distribution
     from tuner.gpus import GpuChoiceError, choose_gpu

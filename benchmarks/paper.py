@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from lms import LMSConfig, plan_swaps  # noqa: E402
 from lms.config import atomic_write_text  # noqa: E402
-from lms.devices import DeviceProfile, GiB, get_device  # noqa: E402
+from lms.machine.devices import DeviceProfile, GiB, get_device  # noqa: E402
 from lms.graph import Graph  # noqa: E402
 from lms.plan import SwapPlan  # noqa: E402
 from lms.simulator import InfeasibleBudget, bfc_adjusted_batch, max_batch, simulate  # noqa: E402

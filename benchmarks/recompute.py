@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from lms import LMSConfig, plan_swaps  # noqa: E402
 from lms.config import atomic_write_text  # noqa: E402
-from lms.devices import GiB, get_device  # noqa: E402
+from lms.machine.devices import GiB, get_device  # noqa: E402
 from lms.simulator import InfeasibleBudget, max_batch, simulate  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

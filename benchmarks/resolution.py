@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from lms.config import atomic_write_text  # noqa: E402
-from lms.devices import GiB  # noqa: E402
+from lms.machine.devices import GiB  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 CACHE = RESULTS / "cache" / "resolution"

@@ -153,7 +153,8 @@ def _key(spec: dict[str, Any]) -> str:
 
 
 # The code that decides and applies a swap plan: a swap measurement is cached per version of it.
-SWAP_CODE = ("lms/planner.py", "lms/plan.py", "lms/tf/apply.py", "lms/tf/emulate.py")
+SWAP_CODE = ("lms/plan/swap_planner.py", "lms/plan/candidates.py", "lms/plan/triggers.py", "lms/plan/swap_plan.py",
+             "lms/tf/apply.py", "lms/tf/emulate.py")
 
 
 def swap_code_version() -> str:
@@ -165,8 +166,9 @@ def swap_code_version() -> str:
 
 
 # ... and a measurement with the order pinned, per version of that code plus the scheduling pass.
-SCHEDULE_CODE = SWAP_CODE + ("lms/schedule.py", "lms/schedule_model.py", "lms/schedule_candidates.py",
-                             "lms/anchor.py", "lms/tf/pin.py", "lms/tf/function.py", "lms/exact.py",
+SCHEDULE_CODE = SWAP_CODE + ("lms/schedule/scheduler.py", "lms/schedule/edges.py", "lms/schedule/models.py",
+                             "lms/schedule/candidate_orders.py", "lms/plan/anchor.py", "lms/tf/pin.py",
+                             "lms/tf/function.py", "lms/tf/rewriter.py", "lms/schedule/exact_order.py",
                              "lms/tf/exact.py", "lms/tf/live.py")
 
 
@@ -545,7 +547,7 @@ def _print_table(rows: list[dict[str, Any]], summary: dict[str, Any], timing: di
                   f"{t['simulation_ms_median']:.2f} ms ({t['simulation_with_timeline_ms']:.1f} ms with the "
                   f"timeline); max_batch {t['max_batch_s']:.3f} s "
                   f"({t['max_batch_simulations']} simulations; {t['max_batch_s_incl_compile']:.2f} s with "
-                  f"compiling the plan); planner {t['planner_s']:.1f} s (lms.planner, not the simulator)")
+                  f"compiling the plan); planner {t['planner_s']:.1f} s (lms.plan.swap_planner, not the simulator)")
 
 
 if __name__ == "__main__":

@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS / "tuner_efficiency.json", help="JSON output")
     args = p.parse_args(argv)
 
-    from lms.planner import find_candidates
+    from lms.plan import find_candidates
     from tuner.space import SearchSpace
 
     CACHE.mkdir(parents=True, exist_ok=True)

@@ -13,10 +13,8 @@ from typing import Any
 from .auto import AutoChoice, NoConfigFits, choose_config
 from .config import LMSConfig
 from .graph import Graph, GraphBuilder, GraphError, Op, Role, Tensor
-from .plan import PlanError, Skip, Swap, SwapIn, SwapPlan, rewrite_graph
-from .planner import find_candidates, plan_swaps
-from .recompute import Clone, Recompute, RecomputePlan
-from .recompute_planner import plan_recompute
+from .plan import (Clone, PlanError, Recompute, RecomputePlan, Skip, Swap, SwapIn, SwapPlan, find_candidates,
+                   plan_recompute, plan_swaps, rewrite_graph)
 
 __version__ = "0.1.0"
 
@@ -24,8 +22,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "simulate": "lms.simulator",
     "max_batch": "lms.simulator",
-    "DEVICES": "lms.devices",
-    "get_device": "lms.devices",
+    "DEVICES": "lms.machine.devices",
+    "get_device": "lms.machine.devices",
     "measure_step": "lms.tf.measure",
     "make_train_step": "lms.tf.train",
     "function": "lms.tf.function",

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import LMSConfig
-from .devices import DeviceProfile, get_device
+from .machine.devices import DeviceProfile, get_device
 from .graph import Graph
 from .sizes import MIN_SIZE, format_size, parse_size
 
@@ -167,7 +167,7 @@ def choose_config(graph: Graph, *, batch: int, budget: int | str, device: Device
         device: the device profile to simulate (``"cpu"`` for the emulated device).
         margin: fraction of the budget kept free.
         exact: a memory-scheduled step runs its order exactly (pinned whole,
-            `lms.exact`); ``None``: as `lms.sim.simulate` decides for `device`.
+            `lms.schedule.exact_order`); ``None``: as `lms.sim.simulate` decides for `device`.
 
     Raises:
         NoConfigFits: no rung fits; the message names the smallest predicted peak,

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .jsonfile import DuplicateKey, read_config_text, unique_keys
 from .optypes import RECOMPUTABLE_TYPES, never_recomputed
 
 __all__ = ["LMSConfig", "CONFIG_SCHEMA", "SCHEMA_VERSION", "READABLE_VERSIONS", "STRATEGIES", "SCHEDULES",
@@ -150,7 +151,7 @@ class LMSConfig:
             as without LMS) or ``"memory"`` (`lms.schedule.schedule_ops`: a
             topological order chosen for the lowest simulated peak, pinned with
             control edges so that it is the order that runs: on one CPU device
-            through every op of TF's optimized graph, `lms.exact`; on a GPU
+            through every op of TF's optimized graph, `lms.schedule.exact_order`; on a GPU
             through the ops no Grappler rewrite touches).
         serialization: TFLMS v2's option: topological levels whose ops are
             chained one after another by control edges, each entry a level
@@ -165,7 +166,7 @@ class LMSConfig:
             triggered right before its first reader, no prefetch); ``3`` both.
         recompute: which saved forward tensors the backward pass may rebuild
             from kept or swapped-in tensors instead of keeping or swapping them
-            (`lms.recompute_planner`): ``"none"`` (default: keep or swap only),
+            (`lms.plan.recompute_planner`): ``"none"`` (default: keep or swap only),
             ``"cheap"`` (the planner's choice among `lms.optypes.RECOMPUTABLE_TYPES`:
             elementwise ops, BatchNorm's normalisation, ``BiasAdd``, ``Relu``,
             ``Cast``, ``Pad``, views), or a list of those op types (only they are
@@ -351,18 +352,18 @@ class LMSConfig:
         Raises:
             FileNotFoundError: the file does not exist.
             ValueError: not a regular file (a FIFO, a device, a folder), larger
-                than `MAX_CONFIG_BYTES`, not valid JSON, the wrong schema or
+                than `lms.jsonfile.MAX_CONFIG_BYTES`, not valid JSON, the wrong schema or
                 version, or its config has unknown keys or wrong types.
         """
         path = Path(path)
-        text = _read_config_text(path)
+        text = read_config_text(path)
         try:
-            doc = json.loads(text, object_pairs_hook=_unique_keys)
+            doc = json.loads(text, object_pairs_hook=unique_keys)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
         except RecursionError:
             raise ValueError(f"{path}: not valid JSON (nested too deeply)") from None
-        except _DuplicateKey as exc:  # JSON would keep the last one silently: which one did the writer mean?
+        except DuplicateKey as exc:  # JSON would keep the last one silently: which one did the writer mean?
             raise ValueError(f"{path}: key {exc.args[0]!r} is given twice") from None
         try:
             config = cls.from_document(doc)
@@ -395,42 +396,6 @@ class LMSConfig:
         if "config" not in doc:
             raise ValueError("missing key 'config'")
         return cls.from_dict(doc["config"])
-
-
-class _DuplicateKey(Exception):
-    """A JSON object names a key twice (`_unique_keys`)."""
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
-#: A config file, or a recommended.json with its Pareto front, is a few kilobytes; `LMSConfig.load` reads no more.
-MAX_CONFIG_BYTES = 4 << 20
-
-
-def _read_config_text(path: Path) -> str:
-    """The text of a regular file of at most `MAX_CONFIG_BYTES` (a FIFO would block, /dev/zero never ends)."""
-    import stat
-
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or special file"
-        raise ValueError(f"{path}: not a regular file ({kind})")
-    with os.fdopen(fd, "rb") as fh:
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        data = fh.read(MAX_CONFIG_BYTES + 1)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ValueError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB; not an LMS config file")
-    return data.decode("utf-8")
 
 
 def _serialization(value: Any) -> tuple[int | str, ...]:

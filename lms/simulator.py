@@ -15,7 +15,7 @@ Every figure it returns is a prediction.
 
 from __future__ import annotations
 
-from .devices import DEVICES, DeviceProfile, get_device
+from .machine.devices import DEVICES, DeviceProfile, get_device
 from .sim import (ALL_SWAPPED, CPU_TEMPORARIES, GPU_TEMPORARIES, NO_TEMPORARIES, CompiledGraph,
                   InfeasibleBudget, MaxBatchResult, OpCosts, SimResult, TemporaryModel, TemporaryRule, Timeline,
                   TimelineEvent, bfc_adjusted_batch, compile_graph, executed_order, max_batch, simulate)

@@ -10,7 +10,7 @@ import pytest
 
 from lms import LMSConfig
 from lms.auto import DEFAULT_MARGIN, AutoChoice, NoConfigFits, choose_config, ladder
-from lms.devices import get_device
+from lms.machine.devices import get_device
 from lms.sim import simulate
 from tests.synthetic import bn_relu_blocks, chain, residual
 

@@ -8,9 +8,12 @@ import sys
 import textwrap
 from pathlib import Path
 
-CORE = ["lms", "lms.config", "lms.graph", "lms.planner", "lms.plan", "lms.optypes", "lms.recompute",
-        "lms.recompute_planner", "lms.simulator", "lms.devices",
-        "lms.anchor", "lms.schedule", "lms.schedule_model", "lms.schedule_candidates", "lms.exact",
+CORE = ["lms", "lms.config", "lms.jsonfile", "lms.graph", "lms.optypes", "lms.simulator",
+        "lms.plan", "lms.plan.swap_plan", "lms.plan.swap_planner", "lms.plan.candidates", "lms.plan.triggers",
+        "lms.plan.recompute", "lms.plan.recompute_planner", "lms.plan.anchor", "lms.plan.rewrites",
+        "lms.machine", "lms.machine.devices", "lms.machine.nvml", "lms.machine.hostmem",
+        "lms.schedule", "lms.schedule.scheduler", "lms.schedule.edges", "lms.schedule.models",
+        "lms.schedule.candidate_orders", "lms.schedule.exact_order",
         "lms.sim", "lms.sim.compiled", "lms.sim.order", "lms.sim.result", "lms.sim.costs", "lms.sim.interpreter",
         "lms.sim.search", "lms.sim.bfc", "lms.sim.bound", "lms.sim.layout", "lms.auto", "lms.sizes"]
 TUNER = ["tuner", "tuner.cli", "tuner.search", "tuner.settings", "tuner.knobs", "tuner.space", "tuner.loop",

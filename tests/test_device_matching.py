@@ -1,10 +1,10 @@
-"""Which device profile a GPU gets (`lms.devices.profile_for_gpu`) from the names ``nvidia-smi`` prints."""
+"""Which device profile a GPU gets (`lms.machine.devices.profile_for_gpu`) from the names ``nvidia-smi`` prints."""
 
 from __future__ import annotations
 
 import pytest
 
-from lms.devices import DEVICES, GiB, get_device, profile_for_gpu
+from lms.machine.devices import DEVICES, GiB, get_device, profile_for_gpu
 
 MiB = 1 << 20
 

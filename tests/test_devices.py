@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lms.devices import DEVICES, GiB, DeviceProfile, get_device
+from lms.machine.devices import DEVICES, GiB, DeviceProfile, get_device
 
 GPUS = ["P100-16GB", "V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB"]
 
@@ -50,7 +50,7 @@ def test_cpu_profile_is_the_emulated_device():
 
 
 def test_profile_orders_are_the_simulators():
-    from lms.devices import _ORDERS
+    from lms.machine.devices import _ORDERS
     from lms.sim.order import ORDERS
 
     assert _ORDERS == ORDERS

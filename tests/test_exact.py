@@ -1,4 +1,4 @@
-"""`lms.exact`: one order over the optimized graph, and a chain that leaves TF no other (no TensorFlow)."""
+"""`lms.schedule.exact_order`: one order over the optimized graph, and a chain that leaves TF no other (no TensorFlow)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from lms import LMSConfig, plan_swaps
-from lms.exact import ExactOrder, ExactOrderError, Node, exact_order
+from lms.schedule.exact_order import ExactOrder, ExactOrderError, Node, exact_order
 from lms.schedule import schedule_ops
 from lms.sim.interpreter import compiled_for, simulate
 from tests.synthetic import bn_relu_blocks, residual
@@ -184,7 +184,7 @@ def test_an_exact_schedule_keeps_the_candidate_whose_own_order_peaks_lowest(grap
 
 
 def test_the_simulator_pins_whole_on_cpu_devices_only():
-    from lms.devices import get_device
+    from lms.machine.devices import get_device
     from lms.sim.interpreter import exact_on
 
     graph = bn_relu_blocks(3)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks import gpu_check as gc
-from lms.devices import get_device
+from lms.machine.devices import get_device
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
@@ -118,7 +118,7 @@ def node(name: str, op: str, *inputs: str) -> SimpleNamespace:
 
 
 def test_transposes_next_to_swap_ops_are_found_on_both_sides() -> None:
-    from lms.tf.apply import is_swap_op_name
+    from lms.tf.graphdefs import is_swap_op_name
 
     nodes = [
         node("conv1/Conv2D", "Conv2D", "x", "w"),

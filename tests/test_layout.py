@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from lms import LMSConfig
-from lms.devices import get_device
+from lms.machine.devices import get_device
 from lms.graph import GraphBuilder, Role
 from lms.sim import simulate
 from lms.sim.compiled import compile_graph

@@ -1,4 +1,4 @@
-"""lms.nvml against a fake `pynvml` (the third-party NVML binding), no GPU needed."""
+"""lms.machine.nvml against a fake `pynvml` (the third-party NVML binding), no GPU needed."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from lms import nvml
-from lms.nvml import NvmlError, NvmlSampler, gpu_inventory, nvml_available, resolve_visible_device
+from lms.machine import nvml
+from lms.machine.nvml import NvmlError, NvmlSampler, gpu_inventory, nvml_available, resolve_visible_device
 
 NOT_AVAILABLE = 2**64 - 1
 MIB = 2**20
@@ -184,7 +184,7 @@ def test_short_block_still_sampled_on_enter_and_exit(fake: FakePynvml) -> None:
 
 def test_process_figure_none_when_pid_missing_or_unattributed(
         fake: FakePynvml, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="lms.nvml")
+    caplog.set_level(logging.WARNING, logger="lms.machine.nvml")
     device, pid = fake.devices[0], os.getpid()
     # Our PID listed without a figure (None: friendly object; sentinel: raw struct),
     # as NVML does under WDDM; another process holds memory.
@@ -235,7 +235,7 @@ def test_nvml_error_during_sampling_is_recorded_and_sampling_goes_on(
         fake: FakePynvml, caplog: pytest.LogCaptureFixture) -> None:
     device, pid = fake.devices[0], os.getpid()
     set_state(device, mine=100 * MIB, others=0, pid=pid)
-    caplog.set_level(logging.WARNING, logger="lms.nvml")
+    caplog.set_level(logging.WARNING, logger="lms.machine.nvml")
     with NvmlSampler(interval_s=0.001) as sampler:
         fake.fail_memory = FakeNVMLError("GPU is lost")
         calls = fake.memory_calls
@@ -344,7 +344,7 @@ def test_position_beyond_visible(fake: FakePynvml) -> None:
 def test_index_order_warning_for_mixed_gpus(fake: FakePynvml, monkeypatch: pytest.MonkeyPatch,
                                             caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.delenv("CUDA_DEVICE_ORDER")
-    caplog.set_level(logging.WARNING, logger="lms.nvml")
+    caplog.set_level(logging.WARNING, logger="lms.machine.nvml")
     resolve_visible_device(fake, visible="1")
     assert any("CUDA_DEVICE_ORDER" in r.getMessage() for r in caplog.records)
     caplog.clear()
@@ -394,7 +394,7 @@ def test_missing_library_message(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_imports_without_tensorflow_or_pynvml() -> None:
     code = ("import sys; sys.modules['tensorflow'] = None; sys.modules['pynvml'] = None; "
-            "import lms.nvml, lms.hostmem; print(lms.nvml.nvml_available())")
+            "import lms.machine.nvml, lms.machine.hostmem; print(lms.machine.nvml.nvml_available())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)
     assert out.stdout.strip() == "False"

@@ -1,4 +1,4 @@
-"""`lms.nvml.gpu_inventory` with a fake nvidia-ml-py that has PCI, compute-capability and MIG calls."""
+"""`lms.machine.nvml.gpu_inventory` with a fake nvidia-ml-py that has PCI, compute-capability and MIG calls."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from lms.nvml import gpu_inventory
+from lms.machine.nvml import gpu_inventory
 from tests.test_nvml import FakeDevice, FakeNVMLError, FakePynvml
 
 GiB = 1 << 30

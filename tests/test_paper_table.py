@@ -17,7 +17,7 @@ import pytest
 
 from benchmarks import paper
 from lms import LMSConfig
-from lms.devices import get_device
+from lms.machine.devices import get_device
 from tests.synthetic import MiB, chain, long_skip
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,8 +9,8 @@ import pytest
 
 from lms import LMSConfig, PlanError, Role, plan_swaps, rewrite_graph
 from lms.optypes import RECOMPUTABLE_TYPES
-from lms.recompute import Clone, RecomputePlan, gate_op_name, is_gate_op_name, is_recompute_op_name, recompute_op_name
-from lms.recompute_planner import plan_recompute
+from lms.plan.recompute import Clone, RecomputePlan, gate_op_name, is_gate_op_name, is_recompute_op_name, recompute_op_name
+from lms.plan import plan_recompute
 from lms.simulator import simulate
 from tests.synthetic import MiB, bn_relu_blocks, chain, residual, training_graph
 

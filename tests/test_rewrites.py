@@ -4,9 +4,9 @@ rewrites, another trigger for the equivalence check, and the fingerprint that le
 import dataclasses
 
 from lms import LMSConfig, Role, plan_swaps
-from lms.anchor import alternative_trigger, anchor_triggers
+from lms.plan.anchor import alternative_trigger, anchor_triggers
 from lms.graph import Graph, GraphBuilder
-from lms.rewrites import folds_into, hides_rewrite, recompute_changes_readers
+from lms.plan.rewrites import folds_into, hides_rewrite, recompute_changes_readers
 from tests.synthetic import MiB, chain
 
 

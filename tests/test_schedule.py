@@ -7,7 +7,7 @@ import pytest
 from lms import LMSConfig, plan_swaps
 from lms.graph import GraphBuilder, Role
 from lms.plan import SWAP_IN_TYPE, rewrite_graph
-from lms.anchor import merged_pairs, pinnable_ops, trigger_ops
+from lms.plan.anchor import merged_pairs, pinnable_ops, trigger_ops
 from lms.schedule import (EXECUTOR_KINDS, Schedule, ScheduleError, anchor_edges, merge_edges, order_peak, pin_graph,
                           resource_edges, resource_order_edges,
                           schedule_ops)
@@ -189,7 +189,8 @@ def early_broadcast():
 
 
 def test_sink_runs_an_op_that_only_adds_memory_just_before_its_reader():
-    from lms.schedule import buffer_model, sink
+    from lms.schedule.candidate_orders import sink
+    from lms.schedule.models import buffer_model
 
     graph = early_broadcast()
     m = buffer_model(graph, 8)
@@ -324,7 +325,7 @@ def test_sync_mode_1_makes_forward_readers_wait_for_the_swap_out():
 
 
 def test_sync_mode_1_stalls_the_forward_pass_on_a_slow_link():
-    from lms.devices import DeviceProfile
+    from lms.machine.devices import DeviceProfile
     slow = DeviceProfile(name="slow", memory_bytes=1 << 40, peak_flops=1e12, mem_bandwidth=1e11,
                          link_bandwidth=1e8, link="slow link", source="test", op_overhead_s=0.0,
                          transfer_latency_s=0.0)
@@ -426,7 +427,7 @@ def test_prefetch_moves_swap_ins_earlier_without_raising_the_peak_and_cuts_stall
 
 @pytest.mark.parametrize("make", GRAPHS + [pytest.param(two_branches, id="two_branches")])
 def test_prefetch_never_raises_the_peak_of_the_orders_tf_runs(make):
-    from lms.schedule_candidates import PREFETCH_DOMINANCE
+    from lms.schedule.candidate_orders import PREFETCH_DOMINANCE
     from lms.schedule import scoring_batch  # the batch the pass checks at
     graph = make()
     plans = [plan_swaps(graph, LMSConfig(n_tensors=-1, lb=2, schedule="memory", prefetch=p))

@@ -97,7 +97,8 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("graph", list(GRAPHS))
 def test_index_executor_model_runs_the_orders_of_executed_order(graph):
     """`ExecutorModel` (op indexes, pins merged in) and `executed_order` over `pin_graph` agree, op for op."""
-    from lms.schedule import ExecutorModel, buffer_model, pin_graph
+    from lms.schedule import pin_graph
+    from lms.schedule.models import ExecutorModel, buffer_model
     from lms.sim.order import executed_order
 
     g = GRAPHS[graph]()

@@ -122,18 +122,18 @@ def test_max_batch_refuses_a_bad_host_budget(bad):
 
 
 # ---- the planner under a host budget ----------------------------------------------------------
-def test_plan_swaps_with_a_host_budget_drops_the_latest_swaps():
+def test_planning_under_a_host_budget_drops_the_latest_swaps():
     g = chain(8, batch_size=4)  # 4 MiB per swapped tensor at the graph's batch
     full = plan_swaps(g, LMSConfig(n_tensors=-1, lb=1))
     assert full.n_swapped == 7
-    plan = plan_swaps(g, LMSConfig(n_tensors=-1, lb=1), host_budget=13 * MiB)
+    plan = plan_within_host_budget(g, LMSConfig(n_tensors=-1, lb=1), 13 * MiB)
     assert plan.n_swapped == 3 and plan.config.n_tensors == 3
     assert [s.tensor for s in plan.swaps] == [s.tensor for s in full.swaps[:3]]
     assert sim(g, plan, batch=4).peak_host_bytes == 12 * MiB
-    assert plan_swaps(g, LMSConfig(n_tensors=-1, lb=1), host_budget=1 << 40).n_swapped == 7
+    assert plan_within_host_budget(g, LMSConfig(n_tensors=-1, lb=1), 1 << 40).n_swapped == 7
     assert plan_within_host_budget(g, LMSConfig(n_tensors=5, lb=1), 16 * MiB, batch=2).n_swapped == 5
 
 
-def test_plan_swaps_with_a_host_budget_too_small_for_one_tensor():
+def test_planning_under_a_host_budget_too_small_for_one_tensor():
     with pytest.raises(HostBudgetError, match="even one swapped tensor"):
-        plan_swaps(chain(8, batch_size=4), LMSConfig(n_tensors=-1, lb=1), host_budget=1 * MiB)
+        plan_within_host_budget(chain(8, batch_size=4), LMSConfig(n_tensors=-1, lb=1), 1 * MiB)

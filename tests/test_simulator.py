@@ -13,7 +13,7 @@ import random
 import pytest
 
 from lms import LMSConfig, plan_swaps
-from lms.devices import DeviceProfile, get_device
+from lms.machine.devices import DeviceProfile, get_device
 from lms.graph import GraphBuilder, Role
 from lms.plan import rewrite_graph
 from lms.sim.order import bypass_identities, executed_order
@@ -346,7 +346,7 @@ def test_conv_gradient_scratch_follows_tf_cpu_kernels():
 
 def test_the_emulated_device_simulates_onednn_kernels_whose_conv_gradients_take_no_patch_buffer():
     """The CPU profile is the emulated device, whose workers run oneDNN: no Eigen patch buffers."""
-    from lms.devices import get_device
+    from lms.machine.devices import get_device
     from lms.sim.costs import ONEDNN_TEMPORARIES
     from lms.sim.interpreter import default_temporaries
 

@@ -30,7 +30,7 @@ from .budget import format_bytes
 
 if TYPE_CHECKING:
     from lms.config import LMSConfig
-    from lms.devices import DeviceProfile
+    from lms.machine.devices import DeviceProfile
     from lms.graph import Graph
     from lms.sim.opcosts import OpCosts
 

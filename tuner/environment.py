@@ -27,7 +27,7 @@ def gpus() -> list[dict[str, Any]]:
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return []
     try:
-        from lms.nvml import gpu_inventory
+        from lms.machine.nvml import gpu_inventory
     except ImportError:  # pragma: no cover - lms always ships it
         return []
     return gpu_inventory()

@@ -73,7 +73,7 @@ def targets_gpu(backend: Any, device: str) -> bool:
     if getattr(backend, "name", backend) == "gpu":
         return True
     try:
-        from lms.devices import get_device
+        from lms.machine.devices import get_device
 
         return get_device(device).kernels == "gpu"
     except ValueError:

@@ -109,7 +109,7 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
         SearchError: tracing or trials failed for other reasons.
         KeyboardInterrupt: interrupted (completed trials are kept; rerun to resume).
     """
-    from lms.planner import find_candidates
+    from lms.plan import find_candidates
 
     from . import outputs
 

@@ -32,7 +32,7 @@ class SearchSpace:
     """The knobs searched and their discrete values (also the benchmark's exhaustive grid).
 
     Attributes:
-        n_candidates: swap candidates in the graph (`lms.planner.find_candidates`).
+        n_candidates: swap candidates in the graph (`lms.plan.find_candidates`).
         n_tensor_levels: steps from 0 to all candidates.
         ranges: values that replace a knob's own ``search`` metadata, by name (a tuple or a range).
         table: the knob table (`tuner.knobs.KNOB_TABLE`: `LMSConfig`'s fields).

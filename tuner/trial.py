@@ -141,7 +141,7 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
     workload = _load_workload(request)
     config = LMSConfig.from_dict(request.config)
     backend = get_backend(request.backend)
-    from lms.tf.measure import configure_cpu_allocator
+    from lms.tf.allocator import configure_cpu_allocator
 
     configure_cpu_allocator()
     if request.host_memory_limit_bytes is not None:  # read when TF makes its GPU host allocator

@@ -25,7 +25,7 @@ as the simulator rounds.
 
 With ``spanning=True`` (the default) an op's floor also counts the *kept* buffers
 live across it in every order: outputs of backward/other ops (the planner swaps
-and recomputes forward tensors only, `lms.planner.find_candidates`), made by an
+and recomputes forward tensors only, `lms.plan.find_candidates`), made by an
 ancestor and read by a descendant of the op along backward/other ops alone (paths
 no plan reroutes). These are counted unrounded.
 
@@ -44,10 +44,10 @@ from typing import Any
 
 import numpy as np
 
-from ..devices import DeviceProfile, get_device
+from ..machine.devices import DeviceProfile, get_device
 from ..graph import SHAPE_ONLY_TYPES, Graph, Role
 from ..plan import HOST_DEVICE, SWAP_OUT_TYPE
-from .compiled import ALIAS_TYPES, FORWARDING_INPUTS, INPUT_TYPES, RESIDENT_TYPES, _resident_items
+from .compiled import ALIAS_TYPES, FORWARDING_INPUTS, INPUT_TYPES, RESIDENT_TYPES, resident_items
 from .costs import TemporaryModel, op_temporary
 from .interpreter import default_temporaries
 from .order import bypass_identities
@@ -210,7 +210,7 @@ class _Floors:
         self.input_fixed = np.asarray([g.tensors[t].fixed_bytes for t in inputs], dtype=np.int64)
         self.input_ps = np.asarray([g.tensors[t].per_sample_bytes for t in inputs], dtype=np.int64)
         if resident_bytes is None:
-            self.resident = sum(_round(x) for x in _resident_items(g)[0])
+            self.resident = sum(_round(x) for x in resident_items(g)[0])
         elif resident_bytes < 0:
             raise ValueError(f"resident_bytes={resident_bytes}: must be >= 0")
         else:

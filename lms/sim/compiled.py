@@ -136,7 +136,7 @@ def _last_readers(graph: Graph, order: tuple[str, ...]) -> dict[str, int]:
     return last
 
 
-def _resident_items(graph: Graph) -> tuple[list[int], dict[str, int]]:
+def resident_items(graph: Graph) -> tuple[list[int], dict[str, int]]:
     """Sizes of the variables (largest read per handle) and constants; handle -> index."""
     sizes: list[int] = []
     index: dict[str, int] = {}
@@ -320,7 +320,7 @@ def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "e
             bytes_ps[pos] += 2 * spec.per_sample_bytes
             zero_cost[pos] = False
 
-    resident_sizes, var_index = _resident_items(g)
+    resident_sizes, var_index = resident_items(g)
     steals = tuple((pos, buf, var_index[_alias_root(g, h)]) for pos, buf, h in assigns
                    if buf >= 0 and bufs.last[buf] == pos and _alias_root(g, h) in var_index)
     if resident_bytes is None:

@@ -13,7 +13,8 @@ the executed order (``peak_host_index`` / ``peak_host_op``): a PREDICTION.
   peak fits `host_budget` (``None``: no host bound).
 - `plan_within_host_budget(graph, config, host_budget)`: the plan of `config`
   with ``n_tensors`` lowered (the latest swaps dropped) until its predicted host
-  peak fits; what ``plan_swaps(graph, config, host_budget=...)`` returns.
+  peak fits (here, above the planner: the simulator judges the planner's plans, so the planner
+  itself takes no host budget).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def plan_within_host_budget(graph: "Graph", config: "LMSConfig", host_budget: in
         HostBudgetError: even one swapped tensor needs more than `host_budget`.
         ValueError: `host_budget` is not a positive integer.
     """
-    from ..planner import find_candidates, plan_swaps
+    from ..plan import find_candidates, plan_swaps
 
     check_host_budget(host_budget)
     at = graph.batch_size if batch is None else batch

@@ -27,16 +27,16 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..config import LMSConfig
-from ..devices import DeviceProfile, get_device
+from ..machine.devices import DeviceProfile, get_device
 from ..graph import Graph
 from ..plan import SwapPlan
-from ..planner import plan_swaps
+from ..plan import plan_swaps
 from .bfc import replay_bfc
 from .compiled import CompiledGraph, compile_graph
 from .costs import ONEDNN_TEMPORARIES, TEMPORARIES, TemporaryModel
 from .layout import converts_layout
 from .opcosts import OpCosts
-from .result import SimResult, Timeline, TimelineEvent, _Trace
+from .result import SimResult, Timeline, TimelineEvent, Trace
 
 __all__ = ["simulate", "SimResult", "Timeline", "TimelineEvent", "compiled_for", "resolve_plan", "schedule_for", "exact_on",
            "layout_transposes_on",
@@ -320,7 +320,7 @@ def run(cg: CompiledGraph, batch: int, *, device: DeviceProfile | None = None,
     peak_host_index = int(np.argmax(host)) if n else 0
     peak_host = int(host[peak_host_index]) if n else 0
 
-    trace = _Trace(cg, start, device_bytes, host, out_start, out_done, in_start, in_done,
+    trace = Trace(cg, start, device_bytes, host, out_start, out_done, in_start, in_done,
                    out_bytes, in_bytes, stall_pos, stall_len) if want_timeline else None
     return SimResult(
         batch=b, peak_device_bytes=peak, peak_host_bytes=peak_host, step_time_s=step_time,

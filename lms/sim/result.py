@@ -93,7 +93,7 @@ class SimResult:
     n_swap_ins: int
     peak_host_index: int = 0
     peak_host_op: str = ""
-    _trace: "_Trace | None" = field(default=None, repr=False, compare=False)
+    _trace: "Trace | None" = field(default=None, repr=False, compare=False)
 
     def feasible(self, budget_bytes: int) -> bool:
         """True if the peak fits in `budget_bytes`."""
@@ -117,7 +117,7 @@ class SimResult:
 
 
 @dataclass(frozen=True)
-class _Trace:
+class Trace:
     """The raw arrays of one run, turned into a `Timeline` on demand."""
 
     cg: CompiledGraph

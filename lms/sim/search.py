@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..config import LMSConfig
-from ..devices import DeviceProfile, get_device
+from ..machine.devices import DeviceProfile, get_device
 from ..graph import Graph
 from ..plan import SwapPlan
 from .costs import TemporaryModel

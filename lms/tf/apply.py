@@ -1,7 +1,7 @@
 """Apply a finished `SwapPlan` to a TensorFlow graph: clone recomputed chains, insert swap ops, reroute, add triggers.
 
 This is the only place that edits a TensorFlow graph. What to swap and when was
-decided elsewhere (`lms.planner.plan_swaps` over the framework-free graph
+decided elsewhere (`lms.plan.plan_swaps` over the framework-free graph
 model); this module does exactly what the plan says::
 
     (fwd_op@dev) -> t -> [lms/swap_out/t @host] -> [fwd_op-lms_swap_in_0_i @host] ==copy==> (bwd_op@dev)
@@ -29,7 +29,7 @@ first (`_insert_clones`), so the swaps can serve the clones::
     (b) -> [b-lms_gate_t_0_0] -> [<op>-lms_recompute_t_0_0] ... -> t' -> (bwd_op)
 
 Clones and gates are named after the op they stand in for
-(`lms.recompute.recompute_op_name`, `lms.recompute.gate_op_name`) for the same
+(`lms.plan.recompute.recompute_op_name`, `lms.plan.recompute.gate_op_name`) for the same
 reason. After inserting everything `apply_plan` checks every commutative op
 that reads an inserted op (a swap-in, a clone or a gate; clones read clones)
 and warns when Grappler's sort would put an input in another position.
@@ -49,15 +49,13 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.eager import record
 
-from ..anchor import REWRITABLE_TYPES, anchor_triggers  # noqa: F401  (re-exported)
+from ..plan.anchor import REWRITABLE_TYPES, anchor_triggers  # noqa: F401  (re-exported)
 from ..plan import Swap, SwapIn, SwapPlan
-from ..recompute import GATE_TYPE, RecomputePlan, is_recompute_op_name
+from ..plan.recompute import GATE_TYPE, RecomputePlan
 from .emulate import emulated_swap_in, emulated_swap_out
 
 __all__ = ["apply_plan", "observe_swapped_size", "anchor_triggers", "AppliedPlan", "SWAP_OPS", "HOST_DEVICE",
-           "REWRITABLE_TYPES", "DO_NOT_REMOVE_ATTR", "default_compute_device", "swap_op_names", "is_swap_op_name",
-           "clone_op_names", "optimized_graph_def",
-           "executed_graph_defs", "instantiated_function_graphs"]
+           "REWRITABLE_TYPES", "DO_NOT_REMOVE_ATTR", "default_compute_device"]
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +76,7 @@ class AppliedPlan:
         rerouted_inputs: consumer inputs now reading a swap-in.
         triggers: control edges added (trigger op -> swap-in op).
         swap_ops: ``"device"`` or ``"emulated"``.
-        clones: the inserted recompute ops (gates and clones, `lms.recompute.is_recompute_op_name`), in plan order.
+        clones: the inserted recompute ops (gates and clones, `lms.plan.recompute.is_recompute_op_name`), in plan order.
     """
 
     swap_outs: tuple[str, ...]
@@ -196,7 +194,7 @@ def _insert_clones(graph: tf.Graph, recompute: RecomputePlan,
     ``(mul_1 + sub) + shortcut`` into one ``AddN``; a protected clone chain would
     add in another order and differ in the last bit). Common-subexpression
     elimination cannot merge a clone back into its original: the chain's first
-    clones read gates, the others read clones. `lms.tf.apply.clone_op_names` of `optimized_graph_def`
+    clones read gates, the others read clones. `lms.tf.graphdefs.clone_op_names` of `lms.tf.graphdefs.optimized_graph_def`
     shows which survived. A clone with a control input is rewritten differently
     too (a tanh-GELU's ``Pow(x, 3)``): hence the gates.
 
@@ -429,83 +427,3 @@ def observe_swapped_size(graph: tf.Graph, swap: Swap, callback: Callable[[int], 
 
 
 # ---- checking what survived Grappler ------------------------------------------------
-
-def is_swap_op_name(name: str) -> bool:
-    """True for the name of an inserted swap op (``lms/swap_out/...``, ``...-lms_swap_in_...``, and their parts)."""
-    return name.startswith("lms/swap_out/") or "-lms_swap_in_" in name
-
-
-def swap_op_names(graph_def: Any) -> list[str]:
-    """Names of the swap-out and swap-in nodes (`is_swap_op_name`) of a GraphDef (and its library)."""
-    names = [n.name for n in graph_def.node]
-    for fdef in graph_def.library.function:
-        names.extend(n.name for n in fdef.node_def)
-    return [n for n in names if is_swap_op_name(n)]
-
-
-def clone_op_names(graph_def: Any) -> list[str]:
-    """Names of the recompute clones and gates (`lms.recompute.is_recompute_op_name`) of a GraphDef (and its library)."""
-    names = [n.name for n in graph_def.node]
-    for fdef in graph_def.library.function:
-        names.extend(n.name for n in fdef.node_def)
-    return [n for n in names if is_recompute_op_name(n)]
-
-
-def optimized_graph_def(concrete_fn: Any) -> Any:
-    """The step's GraphDef after Grappler's default optimizations, run offline (nothing executes).
-
-    Runs Grappler's meta optimizer on the concrete function's graph, fetching
-    its outputs. The dependency optimizer (which removes plain identities unless
-    they carry ``_grappler_do_not_remove``) and the arithmetic and constant
-    folding passes run; rewrites that need device placement (e.g. oneDNN
-    fusions) do not: for the graph the runtime really ran, use
-    `executed_graph_defs`.
-    """
-    from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
-    from tensorflow.python.grappler import tf_optimizer
-
-    graph = concrete_fn.graph
-    meta = meta_graph_pb2.MetaGraphDef(graph_def=graph.as_graph_def())
-    fetch = meta.collection_def["train_op"].node_list.value
-    for t in graph.outputs:
-        fetch.append(t.name)
-    config = config_pb2.ConfigProto()
-    config.graph_options.rewrite_options.min_graph_nodes = -1  # optimize small graphs too
-    return tf_optimizer.OptimizeGraph(config, meta, verbose=False)
-
-
-def instantiated_function_graphs(fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
-    """Call ``fn(*args, **kwargs)`` once and return TF's record of every function the call instantiated.
-
-    Each record (``RunMetadata.FunctionGraphs``) holds the function's graph before
-    and after Grappler and its per-device partition graphs. TensorFlow records a
-    function when it instantiates it, so this must be the first call of `fn` for
-    these argument types (a fresh `LMSFunction` or ``tf.function``). The call
-    runs: a training step updates the weights.
-
-    Raises:
-        ValueError: nothing was recorded (the function had already run).
-    """
-    from tensorflow.python.eager import context
-
-    context.enable_run_metadata()
-    try:
-        fn(*args, **kwargs)
-        metadata = context.export_run_metadata()
-    finally:
-        context.disable_run_metadata()
-    if not metadata.function_graphs:
-        raise ValueError("no function graph was recorded: TensorFlow records it when it first "
-                         "instantiates a function; pass a function not yet run for these inputs")
-    return list(metadata.function_graphs)
-
-
-def executed_graph_defs(fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
-    """Call ``fn(*args, **kwargs)`` once and return the graphs the runtime ran, after Grappler.
-
-    See `instantiated_function_graphs` (the first call only; the step runs).
-
-    Returns:
-        The post-optimization GraphDef of every function instantiated by the call.
-    """
-    return [g.post_optimization_graph for g in instantiated_function_graphs(fn, *args, **kwargs)]

@@ -9,7 +9,7 @@ the machine once, when the step is wrapped:
   context and TF's own (`default_gpu_budget`); without a GPU (the emulated
   device) there is no memory size to default to, so it is required;
 - the device profile the simulator models: ``"cpu"`` for emulated or CPU swap
-  ops, else the profile of the GPU TF uses (`lms.devices.profile_for_gpu`).
+  ops, else the profile of the GPU TF uses (`lms.machine.devices.profile_for_gpu`).
 
 The choice is a prediction, so `PeakCheck` measures it once: the step's second
 call (the first one traces, and may run dry runs) runs with TF's allocator peak
@@ -51,7 +51,7 @@ def default_gpu_budget() -> tuple[int, str]:
     Raises:
         ValueError: NVML is not available or does not find the device (give ``budget=``).
     """
-    from ..nvml import NvmlError, resolve_visible_device
+    from ..machine.nvml import NvmlError, resolve_visible_device
 
     try:
         import pynvml  # nvidia-ml-py
@@ -133,8 +133,8 @@ def _cost_words(choice: AutoChoice) -> str:
 
 
 def _gpu_profile() -> str:
-    """The simulator's profile of the GPU TF uses as ``GPU:0`` (`lms.devices.profile_for_gpu`), else a V100's."""
-    from ..devices import profile_for_gpu
+    """The simulator's profile of the GPU TF uses as ``GPU:0`` (`lms.machine.devices.profile_for_gpu`), else a V100's."""
+    from ..machine.devices import profile_for_gpu
 
     name = ""
     try:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..plan import SwapPlan
-from ..recompute import RECOMPUTE_MARKER, is_gate_op_name
+from ..plan.recompute import RECOMPUTE_MARKER, is_gate_op_name
 
 __all__ = ["Naming", "Canonical", "Difference", "canonical", "differences", "optimized_differences", "CHECK_PREFIX"]
 
@@ -185,7 +185,7 @@ def differences(plain: Canonical, lms: Canonical) -> list[Difference]:
 
 
 def optimized_differences(plain_def: Any, lms_def: Any, plan: SwapPlan) -> list[Difference]:
-    """Differences between two optimized GraphDefs (e.g. `lms.tf.apply.executed_graph_defs` of a step run
+    """Differences between two optimized GraphDefs (e.g. `lms.tf.graphdefs.executed_graph_defs` of a step run
     without and with LMS), compared as `ensure_equivalent` compares them."""
     naming = Naming(plan)
     return differences(canonical(plain_def, naming), canonical(lms_def, naming))

@@ -7,7 +7,7 @@ the swapped tensor's producer), a trigger, a recompute (its clones' originals,
 readers and sources) or a recompute's trigger. Each is then corrected in the
 graph being traced and in the plan::
 
-    trigger        (t) ..> [swap-in]          becomes  (t') ..> [swap-in]      (`lms.anchor.alternative_trigger`)
+    trigger        (t) ..> [swap-in]          becomes  (t') ..> [swap-in]      (`lms.plan.anchor.alternative_trigger`)
     swap-in        [swap-in] -> (c)           becomes  t -> (c)                (swap ops unprotected: pruned)
     recompute      [clone] -> (c)             becomes  t -> (c)                (gates unprotected: pruned)
 
@@ -25,10 +25,10 @@ from typing import Any, Iterable
 
 import tensorflow as tf
 
-from ..anchor import alternative_trigger
+from ..plan.anchor import alternative_trigger
 from ..graph import Graph
 from ..plan import Swap, SwapIn, SwapPlan
-from ..recompute import Recompute, RecomputePlan
+from ..plan.recompute import Recompute, RecomputePlan
 from .apply import DO_NOT_REMOVE_ATTR
 from .canonical import Difference
 

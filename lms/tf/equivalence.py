@@ -5,8 +5,8 @@ optimized graph is what "training with LMS is bitwise identical to training
 without" is about. An inserted op can change it: a trigger's control edge keeps
 an op out of a rewrite, a swap-in hides the ``Transpose`` a ``MatMul`` would
 absorb, a recompute clone leaves an op with one reader that Grappler then
-folds. The planners avoid the cases they know (`lms.anchor`,
-`lms.rewrites`); this module is the safety net for the rest::
+folds. The planners avoid the cases they know (`lms.plan.anchor`,
+`lms.plan.rewrites`); this module is the safety net for the rest::
 
     graph before apply --Grappler--> plain   \\
                                                compare compute ops -> differences -> correct, again
@@ -24,7 +24,7 @@ they stand for, clones are compared with the node their original became,
 constants by value (Grappler keeps one of several equal constants, under
 either name). A difference is attributed to the inserted elements nearest to
 it in the graph model (within `_RADIUS` edges): a trigger moves to another
-ancestor (`lms.anchor.alternative_trigger`; the old one is avoided from then
+ancestor (`lms.plan.anchor.alternative_trigger`; the old one is avoided from then
 on) or is dropped with its swap-in, a swap-in or a recompute is dropped. The
 edits are made in the graph being traced (consumers read the original tensor
 again; the dropped ops are left without readers, and TensorFlow prunes them),

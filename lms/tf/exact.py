@@ -1,6 +1,6 @@
 """Pin the graph TensorFlow really runs: every op of the step's optimized graph on one chain, Grappler off.
 
-`lms.exact` says why and how the chain is chosen. This is the TensorFlow side,
+`lms.schedule.exact_order` says why and how the chain is chosen. This is the TensorFlow side,
 used by `lms.function` on the first call of a memory-scheduled step on one CPU
 device::
 
@@ -8,7 +8,7 @@ device::
     -> dry run on stand-in variables, batch 1                  capture_optimized: TF instantiates the
                                                                step, Grappler optimizes it, RunMetadata
                                                                keeps the optimized graph
-    -> exact_order(optimized nodes, schedule.order)            lms.exact
+    -> exact_order(optimized nodes, schedule.order)            lms.schedule.exact_order
     -> the optimized graph + the chain, as a new function       rebuild
     -> dry run of it on the stand-ins                          verify: oneDNN chose the same kernel for
                                                                every op (else: not used)
@@ -29,7 +29,7 @@ default executor, whose kernels -- and the constants they allocate, which live
 as long as TF caches that instantiation -- are made in the graph's node order;
 each dry run gets its own stand-ins, freed right after it, so nothing it placed
 in the allocator is where the rebuild's constants go; and every constant of the
-rebuilt graph is on the chain (`lms.exact`), so its kernels are made in one order.
+rebuilt graph is on the chain (`lms.schedule.exact_order`), so its kernels are made in one order.
 The batch must be in TF's allocator too (`lms.tf.measure.device_batch`).
 
 Why the result trains bit for bit like plain ``tf.function``: the rebuilt
@@ -52,7 +52,7 @@ from typing import Any, Iterator, Sequence
 
 import tensorflow as tf
 
-from ..exact import ExactOrder, ExactOrderError, Node, exact_order
+from ..schedule.exact_order import ExactOrder, ExactOrderError, Node, exact_order
 
 __all__ = ["ExactStep", "ExactUnavailable", "build_exact_step", "unpinnable_reason", "graph_nodes",
            "in_dry_run", "SAFE_STATEFUL_TYPES"]
@@ -142,7 +142,7 @@ def _op_def(op_type: str) -> Any:
 
 
 def graph_nodes(graph_def: Any) -> list[Node]:
-    """The nodes of a GraphDef as `lms.exact.Node`s (inputs by node name, output indexes dropped)."""
+    """The nodes of a GraphDef as `lms.schedule.exact_order.Node`s (inputs by node name, output indexes dropped)."""
     nodes = []
     for n in graph_def.node:
         data, control = [], []
@@ -170,7 +170,7 @@ class ExactStep:
     it returns the flat outputs.
 
     Attributes:
-        order: the chain (`lms.exact.ExactOrder`) over the optimized graph.
+        order: the chain (`lms.schedule.exact_order.ExactOrder`) over the optimized graph.
         n_nodes: nodes of the optimized graph.
         kernels: kernel op types oneDNN chose, by count (the same for the
             original and the rebuilt function: checked).

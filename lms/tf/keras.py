@@ -34,7 +34,7 @@ import keras
 
 from ..auto import DEFAULT_MARGIN
 from ..config import LMSConfig
-from .function import _LatestTrace, _Rewriter
+from .rewriter import LatestTrace, Rewriter
 
 __all__ = ["LMSModel", "enable_lms", "KerasLMS"]
 
@@ -44,7 +44,7 @@ _JIT_MESSAGE = ("LMS cannot rewrite an XLA-compiled step (jit_compile=True bypas
                 "compile the model with jit_compile=False")
 
 
-class KerasLMS(_LatestTrace):
+class KerasLMS(LatestTrace):
     """LMS state of one Keras model: config, and what the latest traced train step swapped.
 
     Under a ``tf.distribute`` strategy each replica's train step is rewritten on
@@ -61,7 +61,7 @@ class KerasLMS(_LatestTrace):
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or batch_size < 1):
             raise ValueError(f"batch_size={batch_size!r}: must be an integer >= 1 (the batch fit runs at)")
-        self._rewriter = _Rewriter(config, emulate=emulate, bandwidth=bandwidth, device=device, owner=owner,
+        self._rewriter = Rewriter(config, emulate=emulate, bandwidth=bandwidth, device=device, owner=owner,
                                    budget=budget, margin=margin, check=check)
         self.batch_size = batch_size
         self.fit_batch: int | None = None  # the batch of the latest ``fit`` call, when it says one

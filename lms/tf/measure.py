@@ -7,9 +7,10 @@ never shrinks, and the CUDA context). Each figure says where it came from.
 
 Both allocator settings are read when TensorFlow's runtime starts (its first
 op or device query), not at ``import tensorflow``; call the ``configure_*``
-helpers before that, best before importing TensorFlow::
+helpers (`lms.tf.allocator`) before that, best before importing TensorFlow::
 
-    from lms.tf.measure import configure_cpu_allocator, measure_step
+    from lms.tf.allocator import configure_cpu_allocator
+    from lms.tf.measure import measure_step
     configure_cpu_allocator()          # TF_CPU_ALLOCATOR_USE_BFC=true
     ...
     m = measure_step(train_step, (x, y), warmup=2, steps=5)
@@ -21,8 +22,6 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
-import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
@@ -31,107 +30,20 @@ from typing import Any
 
 import numpy as np
 
-from lms import hostmem
-from lms.nvml import NvmlReading, NvmlSampler, nvml_available
+from lms.machine import hostmem
+from lms.machine.nvml import NvmlReading, NvmlSampler, nvml_available
 
-__all__ = [
-    "BFC_ENV", "GROWTH_ENV", "StepMeasurement", "configure_cpu_allocator",
-    "configure_gpu_memory_growth", "cpu_allocator_is_bfc", "default_device", "device_batch", "measure_step",
-]
+from .allocator import BFC_ENV, GROWTH_ENV, cpu_allocator_is_bfc, env_true
+from .sync import synchronise
+
+__all__ = ["StepMeasurement", "default_device", "device_batch", "measure_step"]
 
 log = logging.getLogger(__name__)
 
-BFC_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
-GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
 SOURCE_CPU = "tf-bfc-cpu"
 SOURCE_GPU = "tf-allocator-gpu"
 # measure_step(executor=...) -> TF's executor type (None: TF's default)
 EXECUTORS = {"default": None, "single_threaded": "SINGLE_THREADED_EXECUTOR"}
-_PROBE_ELEMENTS = 64  # a 256-byte float32 tensor: BFC counts it, oneDNN's small-size path does not
-
-
-# --- configuration ----------------------------------------------------------------------
-
-def _env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true")
-
-
-def _runtime_started() -> bool | None:
-    """Whether TensorFlow's eager context (its devices and allocators) exists; None if unknown."""
-    if sys.modules.get("tensorflow") is None:
-        return False
-    try:
-        from tensorflow.python.eager import context
-        return bool(context.context()._initialized)  # private; guarded
-    except Exception:
-        return None
-
-
-def cpu_allocator_is_bfc() -> bool:
-    """True when TF's CPU allocator counts every allocation (the BFC allocator).
-
-    Probes with a 256-byte tensor: with oneDNN's default allocator, small
-    allocations bypass the statistics (the peak would be too low); with oneDNN
-    off and no BFC, ``get_memory_info`` has no statistics at all. Starts TF's
-    runtime if it has not started.
-    """
-    import tensorflow as tf
-
-    try:
-        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        with tf.device("/CPU:0"):
-            probe = tf.fill([_PROBE_ELEMENTS], 1.0)
-        after = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    except ValueError:
-        return False
-    del probe
-    return after - before >= _PROBE_ELEMENTS * 4
-
-
-def configure_cpu_allocator() -> None:
-    """Make TF's CPU allocator the BFC allocator, so the CPU peak is byte-exact.
-
-    Sets ``TF_CPU_ALLOCATOR_USE_BFC=true``. TF reads it when its runtime starts;
-    if that has already happened without it, raises RuntimeError (the setting
-    can no longer take effect in this process).
-    """
-    was_set = _env_true(BFC_ENV)
-    os.environ[BFC_ENV] = "true"
-    started = _runtime_started()
-    if started is False or was_set:
-        return
-    if started is None:
-        log.warning("cannot tell whether TensorFlow's runtime has started; %s=true takes "
-                    "effect only if it has not (measure_step checks)", BFC_ENV)
-        return
-    if not cpu_allocator_is_bfc():
-        raise RuntimeError(
-            f"TensorFlow's runtime started before {BFC_ENV}=true was set, so its CPU allocator "
-            "is not the BFC allocator and CPU memory peaks would be wrong. Call "
-            "lms.tf.measure.configure_cpu_allocator() (or set the variable) before TensorFlow "
-            "runs its first op, e.g. at the top of the script or in a fresh process.")
-
-
-def configure_gpu_memory_growth() -> None:
-    """Let TF's GPU pool grow on demand (``TF_FORCE_GPU_ALLOW_GROWTH=true``).
-
-    Without it TF takes almost the whole card at start and NVML's figures say
-    nothing about the model. Must run before TF initialises the GPU; raises
-    RuntimeError if a GPU was already initialised without growth.
-    """
-    was_set = _env_true(GROWTH_ENV)
-    os.environ[GROWTH_ENV] = "true"
-    if was_set or _runtime_started() is False:
-        return
-    import tensorflow as tf
-
-    for gpu in tf.config.list_physical_devices("GPU"):
-        if not tf.config.experimental.get_memory_growth(gpu):
-            raise RuntimeError(
-                f"TensorFlow initialised {gpu.name} before {GROWTH_ENV}=true was set, so its "
-                "memory pool does not grow on demand. Call "
-                "lms.tf.measure.configure_gpu_memory_growth() before TensorFlow runs its "
-                "first op (one measurement per fresh process).")
 
 
 # --- the measurement --------------------------------------------------------------------
@@ -348,7 +260,7 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
         raise RuntimeError(
             f"TensorFlow's CPU allocator is not the BFC allocator, so get_memory_info('CPU:0') "
             f"misses allocations. Set {BFC_ENV}=true before TensorFlow starts "
-            "(lms.tf.measure.configure_cpu_allocator(), or in the environment).")
+            "(lms.tf.allocator.configure_cpu_allocator(), or in the environment).")
     kind, index = device.split(":")
     if int(index) >= len(tf.config.list_logical_devices(kind)):
         raise ValueError(f"device {device!r}: TensorFlow sees "
@@ -359,7 +271,7 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
             log.info("GPU memory is a fixed pool (memory_limit): NVML's figures show the pool, not the model")
         else:
             log.warning("GPU memory growth is off: NVML's figures show TF's whole pool, not the "
-                        "model (lms.tf.measure.configure_gpu_memory_growth())")
+                        "model (lms.tf.allocator.configure_gpu_memory_growth())")
     if _single_batch(batches) and _has_arrays(batches):
         batches = device_batch(batches, device)  # counted once, in every process alike
     source = _batch_source(batches, needed=warmup + steps)
@@ -374,7 +286,7 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
     for _ in range(warmup):
         batch = next_batch()
         first_batch = batch if first_batch is None else first_batch
-        _synchronise(_call(step, batch), on_gpu=on_gpu)
+        synchronise(_call(step, batch), on_gpu=on_gpu)
 
     gc.collect()
     baseline = int(tf.config.experimental.get_memory_info(device)["current"])
@@ -392,7 +304,7 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
             tf.config.experimental.reset_memory_stats(device)
             start = time.perf_counter()
             outputs = _call(step, batch)
-            _synchronise(outputs, on_gpu=on_gpu)
+            synchronise(outputs, on_gpu=on_gpu)
             times.append(time.perf_counter() - start)
             step_peaks.append(int(tf.config.experimental.get_memory_info(device)["peak"]))
             del outputs
@@ -407,7 +319,7 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
 
         live_args = first_batch if isinstance(first_batch, tuple) else (first_batch,)
         live_figures = live_bytes(step, live_args, call=lambda: _call(step, first_batch),
-                                  synchronise=lambda out: _synchronise(out, on_gpu=on_gpu))
+                                  synchronise=lambda out: synchronise(out, on_gpu=on_gpu))
     if window_peak is not None:
         host_peak, host_source = window_peak, "proc-vmhwm-window"
     else:
@@ -490,7 +402,7 @@ def _normalise_device(device: str) -> str:
 
 
 def _gpu_growth_enabled(tf: Any, index: int) -> bool:
-    if _env_true(GROWTH_ENV):
+    if env_true(GROWTH_ENV):
         return True
     try:
         return bool(tf.config.experimental.get_memory_growth(
@@ -553,17 +465,6 @@ def _batch_source(batches: Any, *, needed: int) -> Callable[[], Any]:
 
 def _call(step: Callable[..., Any], batch: Any) -> Any:
     return step(*batch) if isinstance(batch, tuple) else step(batch)
-
-
-def _synchronise(outputs: Any, *, on_gpu: bool) -> None:
-    """Wait for the step: pull every output tensor to host (the loss), and on GPU drain the streams."""
-    import tensorflow as tf
-
-    for leaf in tf.nest.flatten(outputs):
-        if hasattr(leaf, "numpy"):
-            leaf.numpy()
-    if on_gpu:
-        tf.test.experimental.sync_devices()
 
 
 def _batch_size(batch: Any) -> int | None:

@@ -7,11 +7,11 @@ inserted the swap ops they may name::
     (a) -> ... (b)          (a) ..> (b)   control edge
 
 The schedule only pins ops that no Grappler or oneDNN rewrite touches
-(`lms.anchor.pinnable_ops`), and nothing is marked ``_grappler_do_not_remove``
+(`lms.plan.anchor.pinnable_ops`), and nothing is marked ``_grappler_do_not_remove``
 here: the mark puts an op in Grappler's preserve set, which also stops rewrites
 (the swap ops already carry it). Grappler's dependency optimizer may drop a
 pin that the graph already implies, never the order; check with
-`pinned_edges_survived` on `lms.tf.apply.executed_graph_defs`. An edge to an
+`pinned_edges_survived` on `lms.tf.graphdefs.executed_graph_defs`. An edge to an
 emulated swap-in goes to every op of that swap-in without an input inside it
 (the op that takes the trigger).
 

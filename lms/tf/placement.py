@@ -66,9 +66,9 @@ class SwapTransfer:
 def executed_partition_graphs(fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
     """Call ``fn(*args, **kwargs)`` once and return the per-device partition graphs TF ran.
 
-    The first call only (`lms.tf.apply.instantiated_function_graphs`); the step runs.
+    The first call only (`lms.tf.graphdefs.instantiated_function_graphs`); the step runs.
     """
-    from .apply import instantiated_function_graphs
+    from .graphdefs import instantiated_function_graphs
 
     return [pg for fg in instantiated_function_graphs(fn, *args, **kwargs) for pg in fg.partition_graphs]
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..sim.opcosts import OpCosts
-from .measure import _synchronise
+from .sync import synchronise
 
 __all__ = ["profile_op_costs", "profile_batches", "op_seconds_from_xspace", "xplane_events"]
 
@@ -56,12 +56,12 @@ def profile_op_costs(step: Callable[..., Any], make_args: Callable[[int], Sequen
     for batch in batches:
         args = tuple(make_args(batch))
         for _ in range(warmup):
-            _synchronise(step(*args), on_gpu=False)
+            synchronise(step(*args), on_gpu=False)
         logdir = tempfile.mkdtemp(prefix="lms-profile-")
         try:
             tf.profiler.experimental.start(logdir)
             try:
-                _synchronise(step(*args), on_gpu=False)
+                synchronise(step(*args), on_gpu=False)
             finally:
                 tf.profiler.experimental.stop()
             measured[batch] = op_seconds_from_xspace(logdir)
@@ -114,9 +114,9 @@ def profile_batches(step: Callable[..., Any], make_args: Callable[[int], Sequenc
     """
     base = max(1, int(base))
     args = tuple(make_args(base))
-    _synchronise(step(*args), on_gpu=False)  # first call: Grappler, first allocations
+    synchronise(step(*args), on_gpu=False)  # first call: Grappler, first allocations
     t0 = time.monotonic()
-    _synchronise(step(*args), on_gpu=False)
+    synchronise(step(*args), on_gpu=False)
     one = max(time.monotonic() - t0, 1e-4)
     hi = base * int(min(max_factor, max(min_factor, target_step_s / one)))
     return max(base, hi // 4), hi

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lms.config import LMSConfig
-from lms.planner import plan_swaps
+from lms.plan import plan_swaps
 from lms.simulator import simulate
 from tests.synthetic import MiB, chain, residual
 from tuner.report.timeline import (Timeline, load_measured_series, series_from_timeline,

@@ -55,7 +55,8 @@ def _program(name: str, batch: int | None):  # noqa: ANN202
 
 
 def main(spec: dict) -> dict:
-    from lms.tf.measure import configure_cpu_allocator, measure_step
+    from lms.tf.allocator import configure_cpu_allocator
+    from lms.tf.measure import measure_step
 
     configure_cpu_allocator()
     import numpy as np

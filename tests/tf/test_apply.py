@@ -26,10 +26,8 @@ from lms.tf.apply import (  # noqa: E402
     REWRITABLE_TYPES,
     anchor_triggers,
     apply_plan,
-    executed_graph_defs,
-    optimized_graph_def,
-    swap_op_names,
 )
+from lms.tf.graphdefs import executed_graph_defs, optimized_graph_def, swap_op_names  # noqa: E402
 from lms.tf.emulate import aligned_empty, emulated_swap_in, emulated_swap_out  # noqa: E402
 from lms.tf.extract import extract_graph  # noqa: E402
 from lms.tf.train import record_gradients  # noqa: E402
@@ -414,7 +412,7 @@ def test_commutative_readers_of_clones_and_gates_keep_their_sorted_input_order(n
     """
     from tensorflow.python.framework import func_graph
 
-    from lms.recompute import Clone, Gate, Recompute, RecomputePlan, gate_op_name, recompute_op_name
+    from lms.plan.recompute import Clone, Gate, Recompute, RecomputePlan, gate_op_name, recompute_op_name
 
     graph = func_graph.FuncGraph("order")
     with graph.as_default():

@@ -22,7 +22,7 @@ tf = pytest.importorskip("tensorflow")
 import lms  # noqa: E402
 from tests.tf.conftest import assert_bitwise  # noqa: E402
 from lms import LMSConfig  # noqa: E402
-from lms.tf.apply import executed_graph_defs, swap_op_names  # noqa: E402
+from lms.tf.graphdefs import executed_graph_defs, swap_op_names  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
@@ -136,7 +136,7 @@ def test_summary_plan_and_log(cases, caplog):
     case = cases["cnn_bn"]
     step = lms.function(case.step_fn(), config=LMSConfig(lb=2))
     assert step.summary is None and step.plan is None
-    with caplog.at_level(logging.INFO, logger="lms.tf.function"):
+    with caplog.at_level(logging.INFO, logger="lms.tf.rewriter"):
         case.run(step, k=1)
     summary = step.summary
     assert summary.n_swapped == len(summary.swapped) == step.plan.n_swapped
@@ -269,7 +269,7 @@ def test_running_eagerly_warns_once_and_says_so_in_the_summary(cases, caplog):
     step = lms.function(case.step_fn(), config=LMSConfig())
     tf.config.run_functions_eagerly(True)
     try:
-        with caplog.at_level(logging.WARNING, logger="lms.tf.function"):
+        with caplog.at_level(logging.WARNING, logger="lms.tf.rewriter"):
             eager = case.run(step)
     finally:
         tf.config.run_functions_eagerly(False)

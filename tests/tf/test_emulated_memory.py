@@ -55,7 +55,8 @@ CONFIGS: dict[str, dict[str, Any] | None] = {
 
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
     """Build, train and measure one config; returns plain figures."""
-    from lms.tf.measure import configure_cpu_allocator, measure_step
+    from lms.tf.allocator import configure_cpu_allocator
+    from lms.tf.measure import measure_step
 
     configure_cpu_allocator()
     import keras

@@ -2,7 +2,7 @@
 
 Each case is the issue's minimal reproduction: the step returns its gradients,
 which must equal ``tf.function``'s bit for bit. ``check=False`` shows that the
-planner's rules alone avoid the case (`lms.anchor`, `lms.rewrites`); the
+planner's rules alone avoid the case (`lms.plan.anchor`, `lms.plan.rewrites`); the
 harmful plans injected below show that the check (`lms.tf.equivalence`) finds
 and corrects what a planner would do wrong, and that they are harmful indeed.
 """
@@ -18,9 +18,9 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import lms  # noqa: E402
-import lms.planner  # noqa: E402
-import lms.recompute_planner  # noqa: E402
-import lms.tf.function  # noqa: E402
+import lms.plan.swap_planner  # noqa: E402
+import lms.plan.recompute_planner  # noqa: E402
+import lms.tf.rewriter  # noqa: E402
 from lms.tf.equivalence import optimized_differences  # noqa: E402
 
 pytestmark = pytest.mark.tf
@@ -145,7 +145,7 @@ def test_gelu_recompute_keeps_grapplers_rewrites(emulate, check):
 # ---- the check fires: harmful plans are detected and corrected --------------------------------
 
 def _harmful_trigger(monkeypatch):
-    original = lms.tf.function.plan_swaps
+    original = lms.tf.rewriter.plan_swaps
 
     def plan(graph, config):
         p = original(graph, config)
@@ -153,17 +153,17 @@ def _harmful_trigger(monkeypatch):
         si = dataclasses.replace(s.swap_ins[0], trigger="gradient_tape/mul_1")
         return dataclasses.replace(p, swaps=(dataclasses.replace(s, swap_ins=(si,)),))
 
-    monkeypatch.setattr(lms.tf.function, "plan_swaps", plan)
+    monkeypatch.setattr(lms.tf.rewriter, "plan_swaps", plan)
     return distillation(), lms.LMSConfig(incl_types=["Reshape"]), "trigger moved"
 
 
 def _harmful_swap_in(monkeypatch):
-    monkeypatch.setattr(lms.planner, "hides_rewrite", lambda *a: "")
+    monkeypatch.setattr(lms.plan.swap_planner, "hides_rewrite", lambda *a: "")
     return nt_xent(), lms.LMSConfig(incl_types=["Transpose"]), "swap-in dropped"
 
 
 def _harmful_recompute(monkeypatch):
-    monkeypatch.setattr(lms.recompute_planner, "recompute_changes_readers", lambda *a: "")
+    monkeypatch.setattr(lms.plan.recompute_planner, "recompute_changes_readers", lambda *a: "")
     return vit_mlp(), lms.LMSConfig(n_tensors=0, recompute="cheap"), "recompute dropped"
 
 

@@ -122,7 +122,7 @@ def test_fit_on_a_tf_data_pipeline_reports_the_bytes_at_the_batch_that_ran(basel
 
     expected = fit(keras.Model(inputs, outputs))
     model = lms.enable_lms(keras.Model(inputs, outputs), LMSConfig())
-    with caplog.at_level(logging.INFO, logger="lms.tf.function"):
+    with caplog.at_level(logging.INFO, logger="lms.tf.rewriter"):
         assert_bitwise(expected, fit(model))
     summary, graph = model.lms.summary, model.lms.graph
     assert all(graph.tensors[s.tensor].shape[0] is None for s in summary.swapped)  # unknown when traced

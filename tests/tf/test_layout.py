@@ -21,8 +21,8 @@ keras = pytest.importorskip("keras")
 import lms  # noqa: E402
 from lms.sim.interpreter import layout_transposes_on  # noqa: E402
 from lms.sim.layout import is_transposed, transposed_rank  # noqa: E402
-from lms.devices import get_device  # noqa: E402
-from lms.tf.apply import is_swap_op_name  # noqa: E402
+from lms.machine.devices import get_device  # noqa: E402
+from lms.tf.graphdefs import is_swap_op_name  # noqa: E402
 
 pytestmark = pytest.mark.tf
 

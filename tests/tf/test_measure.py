@@ -1,4 +1,4 @@
-"""lms.tf.measure and lms.hostmem with real TensorFlow on CPU (tiny models).
+"""lms.tf.measure and lms.machine.hostmem with real TensorFlow on CPU (tiny models).
 
 The BFC allocator must be on before TensorFlow's runtime starts: tests/conftest.py
 sets TF_CPU_ALLOCATOR_USE_BFC=true for the session; `configure_cpu_allocator`
@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lms import hostmem
-from lms.tf.measure import (
-    BFC_ENV, GROWTH_ENV, _normalise_device, configure_cpu_allocator,
-    configure_gpu_memory_growth, cpu_allocator_is_bfc, default_device, device_batch, measure_step,
+from lms.machine import hostmem
+from lms.tf.allocator import (
+    BFC_ENV, GROWTH_ENV, configure_cpu_allocator, configure_gpu_memory_growth, cpu_allocator_is_bfc,
 )
+from lms.tf.measure import _normalise_device, default_device, device_batch, measure_step
 
 configure_cpu_allocator()
 
@@ -469,7 +469,8 @@ _CONFIGURE_SCRIPT = textwrap.dedent("""
     import os, sys, json
     os.environ.pop("TF_CPU_ALLOCATOR_USE_BFC", None)
     import tensorflow as tf
-    from lms.tf.measure import configure_cpu_allocator, cpu_allocator_is_bfc, measure_step
+    from lms.tf.allocator import configure_cpu_allocator, cpu_allocator_is_bfc
+    from lms.tf.measure import measure_step
     out = {}
     if sys.argv[1] == "before-runtime":
         configure_cpu_allocator()          # TF imported, runtime not started: still in time

@@ -15,11 +15,11 @@ tf = pytest.importorskip("tensorflow")
 import lms  # noqa: E402
 from lms import LMSConfig  # noqa: E402
 from lms.schedule import schedule_ops  # noqa: E402
-from lms.tf.apply import executed_graph_defs  # noqa: E402
+from lms.tf.graphdefs import executed_graph_defs  # noqa: E402
 from lms.tf.pin import apply_schedule, pinned_edges_survived  # noqa: E402
 from tests.tf.conftest import assert_bitwise  # noqa: E402
 
-# Two mechanisms broke this before pins were kept to `lms.anchor.pinnable_ops`: a control edge or a
+# Two mechanisms broke this before pins were kept to `lms.plan.anchor.pinnable_ops`: a control edge or a
 # _grappler_do_not_remove mark on an op of a Grappler rewrite (remapper's MatMul/Conv2D+BiasAdd+activation
 # fusion, the arithmetic optimizer on BatchNorm's Mul/AddV2) stops the rewrite, so the pinned step ran other
 # kernels (mlp's loss 1 ulp off); and oneDNN's layout pass merged Conv2DBackpropFilter with its BiasAddGrad

@@ -216,7 +216,7 @@ def test_round_two_loop_trains_bitwise_identically(loops2, name, config_name):
 def test_round_two_fit_trains_bitwise_identically(fits2, name, config_name, caplog):
     fit, baseline = fits2[name]
     fields, emulate = realworld2.CONFIGS[config_name]
-    with caplog.at_level(logging.INFO, logger="lms.tf.function"):
+    with caplog.at_level(logging.INFO, logger="lms.tf.rewriter"):
         got, model = fit.run(lambda m: lms.enable_lms(m, lms.LMSConfig(**fields), emulate=emulate))
     assert baseline.differences(got) == []
     summary = model.lms.summary

@@ -17,7 +17,7 @@ keras = pytest.importorskip("keras")
 import lms  # noqa: E402
 from lms import LMSConfig  # noqa: E402
 from lms.optypes import RECOMPUTABLE_TYPES  # noqa: E402
-from lms.tf.apply import clone_op_names, executed_graph_defs, optimized_graph_def  # noqa: E402
+from lms.tf.graphdefs import clone_op_names, executed_graph_defs, optimized_graph_def  # noqa: E402
 from tests.tf.conftest import K_STEPS, Case, RunResult, assert_bitwise  # noqa: E402
 
 pytestmark = pytest.mark.tf
@@ -31,7 +31,7 @@ CONFIGS = {
 }
 # models with BatchNorm -> ReLU chains (mlp: Dense -> ReLU has none: its ReLU's input is not saved; cnn_bn's
 # ReLU is read by a MaxPool, and with its backward readers moved to a clone Grappler would compute
-# max(relu(x)) as relu(max(x)): another graph, so it is kept: `lms.rewrites.folds_into`)
+# max(relu(x)) as relu(max(x)): another graph, so it is kept: `lms.plan.rewrites.folds_into`)
 RECOMPUTING = {"residual"}
 
 
@@ -102,7 +102,7 @@ def test_summary_and_log_report_the_recomputed_tensors(cases, caplog):
 
     case = cases["residual"]
     step = lms.function(case.step_fn(), config=CONFIGS["swap+recompute"])
-    with caplog.at_level(logging.INFO, logger="lms.tf.function"):
+    with caplog.at_level(logging.INFO, logger="lms.tf.rewriter"):
         case.run(step, k=1)
     summary = step.summary
     as_dict = summary.to_dict()

@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 from lms import LMSConfig
-from lms.planner import find_candidates
+from lms.plan import find_candidates
 from tests.synthetic import residual
 from tuner.batch import predict_at_batch, predict_max_batch, usable_bytes
 from tuner.goal import FixedBatch, MaxBatch, goal_of

@@ -105,7 +105,7 @@ def test_a_new_knob_is_searched_recorded_in_trials_csv_and_reported(tmp_path: Pa
     table = KnobTable(_DummyConfig)
     assert table.columns[-1] == "dummy_knob" and [k.name for k in table.searched][-1] == "dummy_knob"
     graph = residual(4)
-    from lms.planner import find_candidates
+    from lms.plan import find_candidates
 
     space = SearchSpace(n_candidates=len(find_candidates(graph, LMSConfig())[0]), table=table)
     assert {p["dummy_knob"] for p in space.grid()} == {0, 1, 2}

@@ -565,7 +565,7 @@ def test_19_duplicate_keys_and_scopes_of_another_model(tmp_path: Path, tiny_grap
     assert "c.json: key 'n_tensors' is given twice" in _one_line(proc, 2)
     (tmp_path / "graph.json").write_text(json.dumps(tiny_graph_doc))
     code = ("import json, logging, sys\n"
-            "from lms import LMSConfig\nfrom lms.graph import Graph\nfrom lms.planner import plan_swaps\n"
+            "from lms import LMSConfig\nfrom lms.graph import Graph\nfrom lms.plan import plan_swaps\n"
             "logging.basicConfig(level=logging.WARNING)\n"
             "graph = Graph.from_dict(json.load(open('graph.json'))['graph'])\n"
             "plan = plan_swaps(graph, LMSConfig(n_tensors=-1, incl_scopes=('conv2_block1_1_conv',)))\n"

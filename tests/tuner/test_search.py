@@ -97,7 +97,7 @@ def test_warm_start_params() -> None:
 # ---------------------------------------------------------------- the loop
 
 def _simulated_study(graph, budget: int, *, n_trials: int, seed: int = 0, storage=None):
-    from lms.planner import find_candidates
+    from lms.plan import find_candidates
 
     space = SearchSpace(n_candidates=len(find_candidates(graph, LMSConfig())[0]))
     usable = usable_bytes(budget, 0.05)

@@ -79,8 +79,8 @@ def tf_reachable_bytes(gpu_info: Mapping[str, Any], *, context_bytes: int = CUDA
 
 
 def profile_of_gpu(gpu_info: Mapping[str, Any] | None) -> str | None:
-    """The simulator's device profile of a GPU NVML found (`lms.devices.profile_for_gpu`), or None."""
-    from lms.devices import profile_for_gpu
+    """The simulator's device profile of a GPU NVML found (`lms.machine.devices.profile_for_gpu`), or None."""
+    from lms.machine.devices import profile_for_gpu
 
     if not gpu_info:
         return None

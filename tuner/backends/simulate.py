@@ -48,7 +48,7 @@ class SimulateBackend(Backend):
         return default_profile(gpu_info)
 
     def default_budget(self, *, device: str, gpu_info: Mapping[str, Any] | None) -> tuple[int | None, str]:
-        from lms.devices import get_device
+        from lms.machine.devices import get_device
 
         return get_device(device).memory_bytes, f"memory of device profile {device}"
 

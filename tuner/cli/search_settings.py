@@ -44,7 +44,7 @@ def _load_workload_desc(spec: str, options: dict[str, Any], *, timeout_s: float 
 
 def build_search_settings(args: argparse.Namespace) -> Any:
     """Validate everything the user gave; write nothing. Raises BadInput."""
-    from lms.devices import get_device
+    from lms.machine.devices import get_device
     from tuner.models import parse_options
 
     from ..environment import default_backend, gpus

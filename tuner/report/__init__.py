@@ -298,7 +298,7 @@ def _simulator_device(study_attrs: Mapping[str, Any], rec: Recommendation) -> st
     """The simulator's device profile the search used (``tuner.device`` in the study's attrs)."""
     tuner_attrs = study_attrs.get("tuner") if isinstance(study_attrs.get("tuner"), Mapping) else {}
     predicted = rec.document.get("predicted") if isinstance(rec.document.get("predicted"), Mapping) else {}
-    from lms.devices import get_device
+    from lms.machine.devices import get_device
 
     for source in (study_attrs, tuner_attrs, predicted, rec.environment):
         for key in ("device_profile", "simulator_device", "profile", "device"):

@@ -215,7 +215,7 @@ def environment_rows(*, study_attrs: Mapping[str, Any], recommendation: Recommen
     device_mem = pick("device_memory_bytes", "memory_bytes")
     if device_mem is None and predicted_only and isinstance(profile, str):
         try:
-            from lms.devices import get_device
+            from lms.machine.devices import get_device
 
             device_mem = get_device(profile).memory_bytes
         except (ImportError, KeyError, ValueError):

@@ -107,7 +107,7 @@ def schedule_summary(graph: Any, config: Any, *, device: Any = None) -> Schedule
     """
     if not config.pins_order:
         return ScheduleSummary(kind="tf")
-    from lms.devices import get_device
+    from lms.machine.devices import get_device
     from lms.schedule import CANDIDATES
     from lms.sim.interpreter import exact_on, resolve_plan, schedule_for
 

@@ -1,6 +1,6 @@
 """The candidate orders `lms.schedule.schedule_ops` scores for ``schedule="memory"``. No TensorFlow.
 
-Each is a list of op indexes of the liveness model (`lms.schedule_model`). The
+Each is a list of op indexes of the liveness model (`lms.schedule.models`). The
 candidate built for training graphs is a list scheduler that at each step runs,
 among the ready ops:
 
@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from .graph import Graph, GraphError, Role
-from .plan import SWAP_IN_TYPE, SWAP_OUT_TYPE
-from .schedule_model import ExecutorModel, live_bytes, BufferModel, buffer_model, scoring_batch
+from ..graph import Graph, GraphError, Role
+from ..plan.swap_plan import SWAP_IN_TYPE, SWAP_OUT_TYPE
+from .models import ExecutorModel, live_bytes, BufferModel, buffer_model, scoring_batch
 
 __all__ = ["PIN_MIN_BYTES", "list_schedule", "sink", "post_order", "place_swap_ins", "prefetch_order", "prefetched",
            "PREFETCH_SHARES", "PREFETCH_DOMINANCE"]

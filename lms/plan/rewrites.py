@@ -4,7 +4,7 @@ Without LMS, TensorFlow's graph optimizer (Grappler) rewrites the step before
 running it; the rewritten arithmetic is what "bitwise identical" means. An op
 LMS inserts changes a rewrite in three ways, one rule each:
 
-- **A control edge on an inner node** (a swap-in's trigger): `lms.anchor`
+- **A control edge on an inner node** (a swap-in's trigger): `lms.plan.anchor`
   keeps triggers off ops that a rewrite may fold into their reader.
 - **A swap-in between two ops that a rewrite reads as one** (`hides_rewrite`):
   some rewrites look through the producer of a consumer's input whatever else
@@ -27,7 +27,7 @@ step with and without LMS and undoes whatever a rule missed.
 
 from __future__ import annotations
 
-from .graph import Graph
+from ..graph import Graph
 
 __all__ = ["LOOK_THROUGH", "folds_into", "hides_rewrite", "recompute_changes_readers"]
 

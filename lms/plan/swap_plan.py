@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .config import LMSConfig
-from .graph import Graph, GraphError, Op, Role, Tensor
+from ..config import LMSConfig
+from ..graph import Graph, GraphError, Op, Role, Tensor
 
 if TYPE_CHECKING:
     from .recompute import RecomputePlan

@@ -19,7 +19,7 @@ the originals' (as swap-ins, `lms.plan.swap_op_name`).
 The clones are ops of the rewritten graph model (`RecomputePlan.rewrite`), with
 backward role: the swap planner then plans swaps of their sources (``b`` above)
 like those of any backward reader, and the simulator and the scheduler see and
-time them like any other op. Built by `lms.recompute_planner.plan_recompute`;
+time them like any other op. Built by `lms.plan.plan_recompute`;
 applied to TensorFlow by `lms.tf.apply.apply_plan`.
 """
 
@@ -30,9 +30,9 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from .graph import Graph, GraphError, Op, Role, Tensor
-from .optypes import never_recomputed
-from .plan import PlanError, Skip
+from ..graph import Graph, GraphError, Op, Role, Tensor
+from ..optypes import never_recomputed
+from .swap_plan import PlanError, Skip
 
 __all__ = ["Clone", "Gate", "Recompute", "RecomputePlan", "recompute_op_name", "gate_op_name", "is_recompute_op_name",
            "is_gate_op_name", "RECOMPUTE_MARKER", "GATE_MARKER", "GATE_TYPE"]
@@ -70,7 +70,7 @@ def recompute_op_name(tensor: str, group: int, op: str) -> str:
     before the last ``/``, and a clone's rewritten node must get the scope of
     the original's. ``<recomputed tensor>`` (``:``, ``/`` -> ``_``) and
     ``<group>`` (its groups of readers) keep the clones of one op in several
-    chains apart (`lms.recompute_planner` bumps ``<group>`` in the rare case
+    chains apart (`lms.plan.recompute_planner` bumps ``<group>`` in the rare case
     that a name is taken).
     """
     return f"{_op_part(op)}{RECOMPUTE_MARKER}{_suffix(tensor, group)}"

@@ -10,7 +10,7 @@ recurrent layers; tensors outside the loop are candidates like any other),
 tensors of rank <= 1 or unknown rank, empty tensors, outputs of cheap
 or stateful producers (`SKIPPED_PRODUCER_TYPES`; a view is swapped after all
 when the backward pass reads its computed source only through it, e.g. the
-``Reshape`` of a ``Tensordot``'s ``Transpose``: `_view_holds_its_source`), tensors outside
+``Reshape`` of a ``Tensordot``'s ``Transpose``: `lms.plan.candidates`), tensors outside
 ``incl_scopes``/``incl_types`` (when given) or inside ``excl_scopes``/
 ``excl_types``, and tensors also read by an op that is neither forward nor
 backward (e.g. a moving-average update): that reader would keep the device copy
@@ -41,7 +41,7 @@ always has a lower level than ``c``, so it can never depend on ``c``: no plan
 creates a cycle.
 
 A backward reader that Grappler rewrites together with the tensor's producer
-(``MatMul(Transpose(x), y)`` reads ``x`` with ``transpose_a``: `lms.rewrites.hides_rewrite`)
+(``MatMul(Transpose(x), y)`` reads ``x`` with ``transpose_a``: `lms.plan.rewrites.hides_rewrite`)
 keeps reading the original: a swap-in in between would change its arithmetic.
 
 ``fuse_swapins``: consumers of one tensor whose levels are within ``lb`` of the
@@ -49,7 +49,7 @@ previous consumer share one swap-in (its own swap-in would be triggered before
 the previous consumer runs, so the copies would coexist anyway).
 
 Last, triggers that Grappler could fold into a fusion are moved to a safe
-ancestor (`lms.anchor.anchor_triggers`): the plan is exactly what is applied.
+ancestor (`lms.plan.anchor.anchor_triggers`): the plan is exactly what is applied.
 With ``schedule="memory"`` the swap-ins keep no trigger: the memory schedule
 (`lms.schedule`) places each one and pins it there; floating-point tensors read
 by backward ops that may run during the forward pass (no trigger exists for
@@ -65,18 +65,20 @@ swapped out, and those far readers get a swap-in triggered by a forward op
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import logging
-from typing import Iterable, Iterator
+from typing import Iterator
 
+from ..config import LMSConfig
+from ..graph import Graph, Role
 from .anchor import anchor_triggers
-from .config import LMSConfig
-from .graph import SHAPE_ONLY_TYPES, Graph, Role
-from .plan import Skip, Swap, SwapIn, SwapPlan, swap_op_name
+from .candidates import SKIPPED_PRODUCER_TYPES, find_candidates, rejection
 from .recompute import is_recompute_op_name
+from .recompute_planner import plan_recompute
 from .rewrites import hides_rewrite
+from .swap_plan import Skip, Swap, SwapIn, SwapPlan, swap_op_name
+from .triggers import find_trigger
 
-__all__ = ["plan_swaps", "find_candidates", "SKIPPED_PRODUCER_TYPES", "LOOP_ACCUMULATOR_REASON"]
+__all__ = ["plan_swaps", "RECOMPUTE_SHARE_LEVELS"]
 
 log = logging.getLogger(__name__)
 
@@ -89,162 +91,23 @@ log = logging.getLogger(__name__)
 # tuner's choice through ``fuse_swapins``, not a rule.
 RECOMPUTE_SHARE_LEVELS = 32
 
-# Producers whose outputs TFLMS never swapped: inputs, constants, variable reads,
-# views and cheap fills. Swapping them moves bytes for nothing.
-SKIPPED_PRODUCER_TYPES = frozenset({
-    "Const", "Identity", "IdentityN", "Reshape", "Shape", "ShapeN", "Size", "Rank",
-    "Placeholder", "PlaceholderWithDefault", "VarHandleOp", "ReadVariableOp",
-    "VarIsInitializedOp", "VariableShape", "Variable", "VariableV2", "Read",
-    "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "ResourceGather",
-    "Fill", "Range", "RandomUniform", "ZerosLike", "OnesLike", "StopGradient",
-    "Squeeze", "ExpandDims", "NoOp", "_Arg", "_Retval",
-})
-
-
-def find_candidates(graph: Graph, config: LMSConfig) -> tuple[list[str], list[Skip]]:
-    """Forward tensors read by backward ops that the config allows, in forward order.
-
-    Returns:
-        (candidate tensor names, skipped tensors with reasons).
-    """
-    _warn_unmatched_filters(graph, config)
-    candidates: list[str] = []
-    skipped: list[Skip] = []
-    for op_name in graph.topological_order:
-        op = graph.ops[op_name]
-        if op.role is not Role.FORWARD:
-            continue
-        for t in op.outputs:
-            readers = graph.data_consumers(t)
-            if not any(graph.ops[r].role is Role.BACKWARD for r in readers):
-                continue
-            if not any(graph.ops[r].role is Role.BACKWARD for r in graph.live_readers(t)):
-                skipped.append(Skip(t, "read only by backward ops TensorFlow prunes (nothing uses their results, "
-                                       "e.g. a frozen layer's gradient)"))
-                continue
-            reason = _rejection(graph, config, t, graph.live_readers(t))
-            if reason:
-                skipped.append(Skip(t, reason))
-            else:
-                candidates.append(t)
-    return candidates, skipped
-
-
-_WARNED: set[tuple[str, str, tuple[str, ...]]] = set()
-
-
-def _warn_unmatched_filters(graph: Graph, config: LMSConfig) -> None:
-    """Warn (once per graph and filter) about scopes and op types of the config that name no op of `graph`.
-
-    A config tuned for another model names that model's scopes: with ``incl_scopes`` it would
-    swap nothing here, silently (and an ``excl_scopes`` entry would protect nothing).
-    """
-    for field in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):
-        wanted = tuple(getattr(config, field))
-        if not wanted or (graph.name, field, wanted) in _WARNED:
-            continue
-        if field.endswith("scopes"):
-            unmatched = [s for s in wanted if not any(_in_scopes(op.name, (s,)) for op in graph.ops.values())]
-        else:
-            types = {op.type for op in graph.ops.values()}
-            unmatched = [t for t in wanted if t not in types]
-        _WARNED.add((graph.name, field, wanted))
-        if unmatched:
-            effect = ("nothing is swapped" if len(unmatched) == len(wanted) and field.startswith("incl")
-                      else "they have no effect")
-            log.warning("LMS config %s %s name no op of graph %r: %s (a config made for another model?)", field,
-                        ", ".join(repr(u) for u in unmatched), graph.name, effect)
-
-
-# A recurrent layer (Keras' LSTM, GRU, SimpleRNN without cuDNN) runs a While loop that keeps the activations of
-# every step for the backward loop in TensorLists: variant tensors, whose contents a graph rewrite outside the
-# loop cannot move (an emulated swap op cannot copy a variant; a device identity copies the list, not its storage).
-LOOP_ACCUMULATOR_REASON = ("a While loop's accumulator (a recurrent layer's activations of every step, one "
-                           "TensorList): graph rewriting outside the loop cannot swap it")
-_LOOP_TYPES = frozenset({"While", "StatelessWhile"})
-
-
-def _rejection(graph: Graph, config: LMSConfig, tensor: str, readers: Iterable[str]) -> str:
-    op = graph.producer(tensor)
-    spec = graph.tensors[tensor]
-    if op.type in _LOOP_TYPES and spec.dtype == "variant":
-        return LOOP_ACCUMULATOR_REASON
-    if op.type in SKIPPED_PRODUCER_TYPES and not _view_holds_its_source(graph, tensor):
-        return f"producer type {op.type} is not worth swapping"
-    if spec.rank is None or spec.rank <= 1:
-        return "rank <= 1 or unknown rank"
-    if graph.tensor_bytes(tensor) == 0:
-        return "empty tensor"
-    if config.incl_scopes and not _in_scopes(op.name, config.incl_scopes):
-        return "not in incl_scopes"
-    if config.incl_types and op.type not in config.incl_types:
-        return "not in incl_types"
-    if _in_scopes(op.name, config.excl_scopes):
-        return "in excl_scopes"
-    if op.type in config.excl_types:
-        return "in excl_types"
-    for r in readers:
-        if graph.ops[r].role is Role.OTHER:
-            return f"also read by non-gradient op {r!r}, which keeps it on the device"
-    return ""
-
-
-# Views: their output is their input's buffer (as `lms.schedule` and `lms.sim.compiled` model them).
-_VIEW_TYPES = frozenset({"Reshape", "Identity", "Squeeze", "ExpandDims"})
-
-
-def _view_holds_its_source(graph: Graph, tensor: str) -> bool:
-    """True when `tensor` is a view of a computed forward tensor that the backward pass reads only through views.
-
-    Keras's ``Dense`` on a 3-D input reshapes a ``Transpose`` (``Tensordot``) and
-    its gradient reads the reshaped tensor: the view is the only thing that holds
-    the transpose's buffer into the backward pass (GPT-2 small at seq 2048: 31 MiB
-    per sample and layer). Swapping the view frees it. A view of a tensor the
-    backward pass also reads directly is not: that tensor is a candidate itself.
-    """
-    t = tensor
-    while True:
-        op = graph.producer(t)
-        if op.type not in _VIEW_TYPES or not op.inputs:
-            break
-        t = op.inputs[0]
-        if any(graph.ops[r].role is Role.BACKWARD for r in graph.live_readers(t)):
-            return False  # the source is read by the backward pass itself (a candidate of its own)
-    src = graph.producer(t)
-    return t != tensor and src.role is Role.FORWARD and src.type not in SKIPPED_PRODUCER_TYPES
-
-
-def _in_scopes(name: str, scopes: Iterable[str]) -> bool:
-    return any(name == s.rstrip("/") or name.startswith(s.rstrip("/") + "/") for s in scopes)
-
-
-def plan_swaps(graph: Graph, config: LMSConfig, *, host_budget: int | None = None) -> SwapPlan:
+def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
     """Plan swap-outs and swap-ins for `graph` under `config`.
 
     Args:
         graph: the training graph model (linted).
         config: the LMS knobs.
-        host_budget: host memory (bytes) the swapped tensors may hold at once, as the simulator
-            predicts it at the graph's batch size; the latest swaps are dropped (``n_tensors``
-            lowered, said by the plan's config) until it fits (`lms.sim.host.plan_within_host_budget`).
-            None: no host bound.
 
     Returns:
         A `SwapPlan`; empty when ``config.n_tensors == 0`` and ``config.recompute == "none"``.
         With recomputation, `SwapPlan.recompute` holds the clones
-        (`lms.recompute_planner.plan_recompute`, planned first) and the swaps
+        (`lms.plan.plan_recompute`, planned first) and the swaps
         refer to the graph with the clones.
     """
-    if host_budget is not None:
-        from .sim.host import plan_within_host_budget
-
-        return plan_within_host_budget(graph, config, host_budget)
     if not config.enabled:
         return SwapPlan(config=config, graph_name=graph.name, batch_size=graph.batch_size)
     recompute = None
     if config.recompute != "none":
-        from .recompute_planner import plan_recompute  # it uses this module's trigger search
-
         recompute = plan_recompute(graph, config)
         graph = recompute.rewrite(graph)
     # clone -> the readers of the tensor its chain rebuilds (a swap-in serving the clone serves them)
@@ -272,7 +135,7 @@ def plan_swaps(graph: Graph, config: LMSConfig, *, host_budget: int | None = Non
         early: list[str] = []
         for group in _group_consumers(graph, backward, config, gap=share):
             avoid = frozenset(r for c in group for r in clone_readers.get(c, ()))
-            trigger, distance, how = _find_trigger(graph, config, t, group[0], role=Role.BACKWARD, avoid=avoid)
+            trigger, distance, how = find_trigger(graph, config, t, group[0], role=Role.BACKWARD, avoid=avoid)
             if trigger is None:
                 if config.schedule == "memory":
                     if losses is None:
@@ -383,135 +246,6 @@ def _group_consumers(graph: Graph, consumers: list[str], config: LMSConfig, *,
         yield group
 
 
-def _find_trigger(graph: Graph, config: LMSConfig, tensor: str, consumer: str, *,
-                  role: Role, floor: int = -1, avoid: frozenset[str] = frozenset()) -> tuple[str | None, int | None, str]:
-    """(trigger op, distance in levels, strategy used) for a swap-in before `consumer`.
-
-    Only ops of `role` with a level above `floor` are eligible, and none that
-    reads a tensor an op of `avoid` reads: `avoid` are ops downstream of the
-    swap-in through recompute clones, and oneDNN merges siblings that read one
-    tensor (``BiasAddGrad`` into ``Conv2DBackpropFilter``): merged with a
-    downstream op, the trigger would close a cycle (seen on TF 2.21 CPU).
-    """
-    if config.ctrld_strategy == "chain_rule" and role is Role.BACKWARD:
-        found = _chain_rule_trigger(graph, config, tensor, consumer, avoid=avoid)
-        if found is not None:
-            return found[0], found[1], "chain_rule"
-        trig, dist = _direct_order_trigger(graph, config, tensor, consumer, role=role, floor=floor, avoid=avoid)
-        return trig, dist, "direct_order (fallback)" if trig else ""
-    trig, dist = _direct_order_trigger(graph, config, tensor, consumer, role=role, floor=floor, avoid=avoid)
-    return trig, dist, "direct_order" if trig else ""
-
-
-def _direct_order_trigger(graph: Graph, config: LMSConfig, tensor: str, consumer: str, *, role: Role,
-                          floor: int, avoid: frozenset[str] = frozenset()) -> tuple[str | None, int | None]:
-    """An op `k` levels before `consumer`, smallest k in [lb, ub]; ancestors preferred."""
-    level = graph.levels[consumer]
-    for k in range(config.lb, config.ub + 1):
-        target = level - k
-        if target <= floor or target < 0:
-            break
-        at_level = [o for o in graph.ops_by_level.get(target, ())
-                    if _eligible(graph, o, role, tensor) and not _shares_input(graph, o, avoid)]
-        if not at_level:
-            continue
-        for o in at_level:
-            if graph.is_ancestor(o, consumer):
-                return o, k
-        return at_level[0], k
-    return None, None
-
-
-def _shares_input(graph: Graph, op: str, others: frozenset[str]) -> bool:
-    """Does `op` read a tensor that one of `others` reads too?"""
-    if not others:
-        return False
-    mine = set(graph.ops[op].inputs)
-    return any(mine.intersection(graph.ops[o].inputs) for o in others if o in graph.ops)
-
-
-def _eligible(graph: Graph, op: str, role: Role, tensor: str) -> bool:
-    """Can `op` trigger a swap-in of `tensor` for a reader of `role`?
-
-    A backward trigger must surely run after the forward pass is done with the
-    tensor: it must depend on every forward reader of the tensor, and lie
-    deeper than `Graph.forward_end` (the deepest forward op whose data the
-    backward pass reads). Gradient constants and ``Shape`` ops under
-    ``gradient_tape/`` have backward role but only forward inputs, so they may
-    run during the forward pass and would bring the tensor back while its
-    original is still alive (seen on TF graphs). Depending on `forward_end`
-    itself is too strict: the loss's ``Sum`` feeds only a side branch of the
-    gradient (the ``div_no_nan`` by the sample count).
-    """
-    if graph.ops[op].role is not role or graph.ops[op].type in SHAPE_ONLY_TYPES:
-        return False  # shape ops are cheap metadata that Grappler may fold away
-    if not graph.ops[op].live:
-        return False  # TensorFlow prunes it: a control edge from it would keep it (and what it reads) alive
-    if is_recompute_op_name(op):
-        # a clone runs right before its readers anyway, and a control edge out of one keeps
-        # Grappler from rewriting its chain as it rewrote the original (the last bits differ)
-        return False
-    if role is not Role.BACKWARD:
-        return True
-    end = graph.forward_end
-    if end is None or graph.levels[op] <= graph.levels[end]:
-        return False
-    return all(graph.is_ancestor(r, op) for r in graph.live_readers(tensor)
-               if graph.ops[r].role is Role.FORWARD)
-
-
-def _chain_rule_trigger(graph: Graph, config: LMSConfig, tensor: str, consumer: str, *,
-                        avoid: frozenset[str] = frozenset()) -> tuple[str, int] | None:
-    """A gradient op of a forward op `k` forward levels after the producer, k in [lb, ub]."""
-    levels = graph.levels
-    limit = levels[consumer]
-    # Distances count from the forward op whose gradient the consumer computes (the
-    # producer if unknown): gradients of ops k forward levels after it run about k
-    # backward levels before the consumer.
-    start = graph.ops[consumer].grad_of
-    if start is None or start not in graph.forward_levels:
-        start = graph.producer(tensor).name
-    for k, fwd_ops in _forward_descendants_by_distance(graph, start, config.ub):
-        if k < config.lb:
-            continue
-        valid = [g for f in fwd_ops for g in graph.gradient_ops.get(f, ())
-                 if levels[g] < limit and g != consumer and _eligible(graph, g, Role.BACKWARD, tensor)
-                 and not _shares_input(graph, g, avoid)]
-        if not valid:
-            continue
-        ancestors = [g for g in valid if graph.is_ancestor(g, consumer)]
-        pick = max(ancestors or valid, key=lambda g: (levels[g], g))
-        return pick, limit - levels[pick]
-    return None
-
-
-def _forward_descendants_by_distance(graph: Graph, op: str, max_k: int) -> Iterator[tuple[int, list[str]]]:
-    """Yield (k, forward ops whose forward level is level(op) + k), k ascending, k >= 1."""
-    flevels = graph.forward_levels
-    base = flevels.get(op)
-    if base is None:
-        return
-    heap: list[tuple[int, str]] = []
-    seen = {op}
-    for s in graph.successors[op]:
-        if s in flevels and s not in seen:
-            seen.add(s)
-            heapq.heappush(heap, (flevels[s], s))
-    while heap:
-        k = heap[0][0] - base
-        if k > max_k:
-            return
-        bucket: list[str] = []
-        while heap and heap[0][0] - base == k:
-            _, cur = heapq.heappop(heap)
-            bucket.append(cur)
-            for s in graph.successors[cur]:
-                if s in flevels and s not in seen:
-                    seen.add(s)
-                    heapq.heappush(heap, (flevels[s], s))
-        yield k, bucket
-
-
 def _add_branch_swaps(graph: Graph, config: LMSConfig, swaps: dict[str, Swap], skipped: list[Skip]) -> None:
     """Swap forward tensors across long forward gaps (see module docstring)."""
     levels = graph.levels
@@ -523,7 +257,7 @@ def _add_branch_swaps(graph: Graph, config: LMSConfig, swaps: dict[str, Swap], s
             spec = graph.tensors[t]
             if spec.rank is None or spec.rank <= 1 or graph.tensor_bytes(t) == 0:
                 continue
-            if _rejection(graph, config, t, graph.live_readers(t)):
+            if rejection(graph, config, t, graph.live_readers(t)):
                 continue
             forward = sorted((c for c in graph.live_readers(t) if graph.ops[c].role is Role.FORWARD),
                              key=levels.__getitem__)
@@ -538,7 +272,7 @@ def _add_branch_swaps(graph: Graph, config: LMSConfig, swaps: dict[str, Swap], s
             offset = len(existing.swap_ins) if existing else 0
             new_ins: list[SwapIn] = []
             for group in _group_consumers(graph, far, config):
-                trig, dist, how = _find_trigger(graph, config, t, group[0], role=Role.FORWARD, floor=floor)
+                trig, dist, how = find_trigger(graph, config, t, group[0], role=Role.FORWARD, floor=floor)
                 if trig is None:
                     continue
                 name = swap_op_name("swap_in", t, offset + len(new_ins))

@@ -1,6 +1,6 @@
 """`plan_recompute(graph, config) -> RecomputePlan`: which saved tensors to rebuild in the backward pass. No TensorFlow.
 
-Per saved forward tensor (a swap candidate, `lms.planner.find_candidates`:
+Per saved forward tensor (a swap candidate, `lms.plan.find_candidates`:
 the ``incl_*``/``excl_*`` filters apply) the planners choose one of three:
 
 - **recompute** (this pass): when the tensor can be rebuilt by a chain of at
@@ -16,30 +16,30 @@ the ``incl_*``/``excl_*`` filters apply) the planners choose one of three:
   (tensors too small to matter, that do not grow with the batch, are not).
   Tensors are decided in forward order, so a chain may run through an earlier
   recomputed tensor (it is cloned again in the chain), never the other way.
-- **swap** (`lms.planner.plan_swaps`, run afterwards on the graph with the
+- **swap** (`lms.plan.plan_swaps`, run afterwards on the graph with the
   clones): the sources of the chains become backward reads like any other, so
   they are swapped in before the clones that read them.
 - **keep**: everything else (beyond ``n_tensors``, no trigger, ...), and a
   tensor whose clones would make Grappler rewrite the step differently: an
   op that keeps one reader after its backward readers move to the clone, or a
   clone read by one op where the original had several, when Grappler folds
-  such an op into its reader (`lms.rewrites.recompute_changes_readers`).
+  such an op into its reader (`lms.plan.rewrites.recompute_changes_readers`).
 
 Clones: one chain per recomputed tensor serves all its backward readers (a
 ReLU output is read by the next convolution's filter gradient and, ~13 levels
 later on ResNet-50, by its own ``ReluGrad``: a chain per reader would double
 the recompute work for little memory). The chain's first clones read their
-sources through gates (`lms.recompute.Gate`) that get a control edge from a
+sources through gates (`lms.plan.recompute.Gate`) that get a control edge from a
 trigger: the backward op nearest before the first reader, found
 from the reader's other inputs (its incoming gradient: the clones run right
 before it), else like a swap-in's trigger with ``lb=1`` (recomputing earlier
 only holds the copy longer: it overlaps nothing), anchored like one
-(`lms.anchor`). The trigger depends on every forward reader of the tensor, so
+(`lms.plan.anchor`). The trigger depends on every forward reader of the tensor, so
 the clones run after the originals. With ``schedule="memory"`` the gates keep their
 triggers (the swap-ins lose theirs): the schedule places each chain after
 its trigger and pins its gates. The swap planner gives a chain's source one swap-in for the chain
 and the source's other backward readers close after it
-(`lms.planner.RECOMPUTE_SHARE_LEVELS`), so its bytes cross the link once.
+(`lms.plan.swap_planner.RECOMPUTE_SHARE_LEVELS`), so its bytes cross the link once.
 
 Randomness: random and stateful ops are never cloned, and a chain never reads
 a tensor that comes from a random op through elementwise ops (a dropout's
@@ -51,13 +51,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from ..config import LMSConfig
+from ..graph import Graph, Role
+from ..optypes import RANDOM_TYPES, RECOMPUTABLE_TYPES, never_recomputed
 from .anchor import anchored_trigger
-from .config import LMSConfig
-from .graph import Graph, Role
-from .optypes import RANDOM_TYPES, RECOMPUTABLE_TYPES, never_recomputed
-from .plan import Skip
+from .candidates import find_candidates
 from .recompute import Clone, Gate, Recompute, RecomputePlan, gate_op_name, recompute_op_name
 from .rewrites import LOOK_THROUGH, recompute_changes_readers
+from .swap_plan import Skip
+from .triggers import eligible, find_trigger, shares_input
 
 __all__ = ["plan_recompute", "MAX_CHAIN_OPS", "TINY_SOURCE_BYTES"]
 
@@ -84,8 +86,6 @@ def plan_recompute(graph: Graph, config: LMSConfig) -> RecomputePlan:
     types = config.recompute_types
     if not types:
         return RecomputePlan()
-    from .planner import _find_trigger, find_candidates
-
     candidates, _ = find_candidates(graph, config)
     saved = set(candidates)
     recomputed: set[str] = set()
@@ -117,7 +117,7 @@ def plan_recompute(graph: Graph, config: LMSConfig) -> RecomputePlan:
             continue
         trigger, distance, how = _just_in_time_trigger(graph, t, readers[0])
         if trigger is None:
-            trigger, distance, how = _find_trigger(graph, trigger_config, t, readers[0], role=Role.BACKWARD,
+            trigger, distance, how = find_trigger(graph, trigger_config, t, readers[0], role=Role.BACKWARD,
                                                    avoid=frozenset(readers))
         if trigger is None:
             skipped.append(Skip(t, "recompute: no backward op before its readers to trigger the clones"))
@@ -158,15 +158,13 @@ def _just_in_time_trigger(graph: Graph, tensor: str, reader: str) -> tuple[str |
     """The deepest backward op that produces another input of `reader` (its incoming gradient).
 
     The clones then run right before the reader, after everything else it waits
-    for. Eligible as a swap-in trigger is (`lms.planner._eligible`): deeper than
+    for. Eligible as a swap-in trigger is (`lms.plan.triggers.eligible`): deeper than
     the forward pass's end and after every forward reader of `tensor`.
     """
-    from .planner import _eligible, _shares_input
-
     levels = graph.levels
     inputs = [p for p in graph.ops[reader].input_ops if p != graph.producer(tensor).name]
     valid = [p for p in dict.fromkeys(inputs)
-             if _eligible(graph, p, Role.BACKWARD, tensor) and not _shares_input(graph, p, frozenset((reader,)))]
+             if eligible(graph, p, Role.BACKWARD, tensor) and not shares_input(graph, p, frozenset((reader,)))]
     if not valid:
         return None, None, ""
     pick = max(valid, key=lambda p: (levels[p], p))

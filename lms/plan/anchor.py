@@ -5,7 +5,7 @@ on an op changes which rewrites TensorFlow applies to it, so the step would
 compute with other kernels and differ from the step without LMS in the last
 bits -- or, where oneDNN merges two ops that a pinned path connects, not run.
 
-- Swap-in triggers (`anchor_triggers`, called last by `lms.planner.plan_swaps`):
+- Swap-in triggers (`anchor_triggers`, called last by `lms.plan.plan_swaps`):
   a trigger only gets a control *output*; it moves off an op that Grappler may
   fold as an inner node of a fusion.
 - Ordering pins (`pinnable_ops`, used by `lms.schedule`): a pinned op gets
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .graph import SHAPE_ONLY_TYPES, Graph, Role
-from .plan import SWAP_IN_TYPE, SWAP_OUT_TYPE, Swap, SwapIn, SwapPlan
+from ..graph import SHAPE_ONLY_TYPES, Graph, Role
+from .swap_plan import SWAP_IN_TYPE, SWAP_OUT_TYPE, Swap, SwapIn, SwapPlan
 from .recompute import GATE_TYPE, is_gate_op_name, is_recompute_op_name
 
 __all__ = ["anchor_triggers", "anchored_trigger", "alternative_trigger", "pinnable_ops", "trigger_ops", "merged_pairs", "REWRITABLE_TYPES",
@@ -241,7 +241,7 @@ def pinnable_ops(graph: Graph) -> frozenset[str]:
     loss by 1 ulp once its ``MatMul``/``BiasAdd`` were pinned; a residual block's
     BatchNorm ``Mul``/``AddV2`` likewise). So an op is pinnable when:
 
-    - it is a swap op LMS inserted or a recompute gate (`lms.recompute.Gate`:
+    - it is a swap op LMS inserted or a recompute gate (`lms.plan.recompute.Gate`:
       a protected identity the clones of a chain wait on), or
     - its type is not one Grappler rewrites (`REWRITABLE_TYPES`), not an
       identity, view, shape read, constant, variable read or control-flow op,

@@ -21,9 +21,9 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .graph import Graph, GraphError, Role, group_pairs
-from .optypes import INPUT_TYPES, RESIDENT_TYPES, VIEW_TYPES
-from .plan import HOST_DEVICE
+from ..graph import Graph, GraphError, Role, group_pairs
+from ..optypes import INPUT_TYPES, RESIDENT_TYPES, VIEW_TYPES
+from ..plan.swap_plan import HOST_DEVICE
 
 __all__ = ["BufferModel", "buffer_model", "live_bytes", "live_peak", "order_peak", "scoring_batch", "ExecutorModel",
            "EXECUTOR_KINDS"]
@@ -171,7 +171,7 @@ class ExecutorModel:
     """
 
     def __init__(self, g: Graph, m: BufferModel) -> None:
-        from .sim.order import root_rank
+        from ..sim.order import root_rank
 
         self.m = m
         self.succs = m.succs

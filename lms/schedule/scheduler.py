@@ -20,7 +20,7 @@ Three kinds of ordering edges, all made here and applied as control edges
   order two neighbours (a transitive reduction along the chain: a few hundred
   edges on ResNet-50, not one per op).
 
-Only *pinnable* ops carry these edges (`lms.anchor.pinnable_ops`): a control
+Only *pinnable* ops carry these edges (`lms.plan.anchor.pinnable_ops`): a control
 edge on an op that Grappler's remapper or arithmetic optimizer would rewrite
 (``Conv2D+BiasAdd+Relu`` -> ``_FusedConv2D``, BatchNorm's ``Mul``/``AddV2``)
 stops the rewrite, and the step computes with other kernels (results differ in
@@ -30,7 +30,7 @@ its nearest pinnable ancestor, ``b`` to its nearest pinnable descendant (a
 weaker order, never a cycle); with none, it is dropped (`Schedule.dropped`).
 The memory order is pinned through its pinnable ops only, plus one edge into
 each swap-in from the last op before it that may carry a control output (the
-rule swap-in triggers follow, `lms.anchor.trigger_ops`), so the copy comes in
+rule swap-in triggers follow, `lms.plan.anchor.trigger_ops`), so the copy comes in
 where the order put it; the others run when TF's executor reaches them, so each candidate is scored by the peak of the
 order TF's executor models (`lms.sim.order.executed_order`, both kinds) run
 over the graph with its pins, not by the order asked for.
@@ -38,9 +38,9 @@ over the graph with its pins, not by the order asked for.
 The memory order (anchor: XLA's ``DefaultMemoryScheduler``, which runs a list,
 a DFS and a post-order scheduler and keeps the lowest simulated peak) is the
 lowest-peak of a few candidates (`CANDIDATES`, built by
-`lms.schedule_candidates`: list schedulers, a post-order DFS, the creation
+`lms.schedule.candidate_orders`: list schedulers, a post-order DFS, the creation
 order, and TF's own order with nothing pinned) under a liveness model
-(`lms.schedule_model`). With ``prefetch="headroom"`` the chosen order's
+(`lms.schedule.models`). With ``prefetch="headroom"`` the chosen order's
 swap-ins then move earlier, into the memory the order leaves free below its
 peak.
 """
@@ -50,20 +50,18 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
-from .anchor import merged_pairs, pinnable_ops, trigger_ops
-from .config import LMSConfig, serialization_levels
-from .graph import SHAPE_ONLY_TYPES, Graph, GraphError, Op, Role
-from .plan import SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
-from .schedule_candidates import (PIN_MIN_BYTES, PREFETCH_DOMINANCE, list_schedule, place_swap_ins, post_order,
-                                  prefetch_order, prefetched, sink)
-from .schedule_model import (EXECUTOR_KINDS, BufferModel, ExecutorModel, buffer_model, live_peak, order_peak,
-                             scoring_batch)
+from ..config import LMSConfig
+from ..graph import Graph, GraphError, Role
+from ..plan.anchor import pinnable_ops, trigger_ops
+from ..plan.swap_plan import SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
+from .candidate_orders import (PIN_MIN_BYTES, PREFETCH_DOMINANCE, list_schedule, place_swap_ins, post_order,
+                               prefetch_order, prefetched, sink)
+from .edges import anchor_edges, merge_edges, ordering_edges, pin_graph, resource_edges
+from .models import BufferModel, ExecutorModel, buffer_model, live_peak, scoring_batch
 
-__all__ = ["Schedule", "ScheduleError", "schedule_ops", "pin_graph", "order_peak", "ordering_edges",
-           "anchor_edges", "merge_edges", "resource_edges", "resource_order_edges", "scoring_batch", "PIN_MIN_BYTES",
-           "EXECUTOR_KINDS", "CANDIDATES"]
+__all__ = ["Schedule", "ScheduleError", "schedule_ops", "KINDS", "CANDIDATES"]
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +97,7 @@ class Schedule:
             ``"memory"`` the chain that pins `order`'s pinnable ops that
             allocate or read device memory, minus neighbours the graph already
             orders, and one edge into each swap-in from the last trigger op
-            before it (`lms.anchor.trigger_ops`; all other edges join
+            before it (`lms.plan.anchor.trigger_ops`; all other edges join
             pinnable ops).
         dropped: requested constraints no pinnable pair can express.
         candidates: estimated peak bytes of each candidate order at `batch`, as
@@ -107,9 +105,9 @@ class Schedule:
             the ``"executor"`` and ``"single_threaded"`` models).
         chosen: the candidate kept.
         prefetch_share: with ``prefetch="headroom"``, the share of the order's
-            peak its swap-ins were moved into (0: none moved; see `lms.schedule_candidates.prefetched`).
+            peak its swap-ins were moved into (0: none moved; see `lms.schedule.candidate_orders.prefetched`).
         exact: the order is for a step whose executed graph is pinned whole
-            (`lms.exact`, one CPU device): candidates were scored by their own
+            (`lms.schedule.exact_order`, one CPU device): candidates were scored by their own
             liveness, since that order is the one that runs; `pins` are still
             the partial pins, for when the executed graph cannot be pinned.
         batch: batch the sizes were taken at.
@@ -152,8 +150,8 @@ class Schedule:
         """Check against the rewritten graph (`rewrite_graph(graph, plan)`, before pinning).
 
         Checks: every edge names known ops; the graph plus every edge is acyclic;
-        every pin joins two pinnable ops (`lms.anchor.pinnable_ops`), or a
-        trigger op and a swap-in (`lms.anchor.trigger_ops`); a pinned
+        every pin joins two pinnable ops (`lms.plan.anchor.pinnable_ops`), or a
+        trigger op and a swap-in (`lms.plan.anchor.trigger_ops`); a pinned
         order is a permutation of the graph's ops, topological for the graph
         plus `constraints` and the pins.
 
@@ -203,177 +201,6 @@ class Schedule:
                 and all(pos[a] < pos[b] for a, b in self.pins if a != b))
 
 
-# ---- the graph the schedule is for -------------------------------------------------------------
-
-def pin_graph(graph: Graph, edges: Iterable[tuple[str, str]]) -> Graph:
-    """`graph` with control edges added: ``(a) ..> (b)`` for each ``(a, b)`` (the model twin of `lms.tf.pin`)."""
-    extra: dict[str, list[str]] = {}
-    for a, b in edges:
-        if a != b:
-            extra.setdefault(b, []).append(a)
-    if not extra:
-        return graph
-    ops = []
-    for op in graph.ops.values():
-        if op.name in extra:
-            ctrl = tuple(dict.fromkeys(op.control_inputs + tuple(extra[op.name])))
-            op = Op(name=op.name, type=op.type, role=op.role, inputs=op.inputs, control_inputs=ctrl,
-                    outputs=op.outputs, grad_of=op.grad_of, device=op.device, live=op.live)
-        ops.append(op)
-    return Graph(ops, graph.tensors.values(), batch_size=graph.batch_size, name=graph.name)
-
-
-def ordering_edges(graph: Graph, rewritten: Graph, config: LMSConfig) -> tuple[tuple[tuple[str, str], ...],
-                                                                             tuple[int, ...]]:
-    """The ``serialization``/``serialization_by_size``/``sync_mode`` edges, and the levels serialized.
-
-    Args:
-        graph: the graph before swap ops (its levels are the ones a user names).
-        rewritten: the graph with swap ops (`rewrite_graph`).
-        config: the knobs.
-    """
-    edges: list[tuple[str, str]] = []
-    levels: set[int] = set()
-    by_level = graph.ops_by_level
-    n_levels = max(by_level) + 1 if by_level else 0
-    if config.serialization:
-        levels.update(serialization_levels(config.serialization, n_levels))
-    if config.serialization_by_size > 0:
-        limit = config.serialization_by_size * (1 << 30)
-        for lvl, names in by_level.items():
-            total = sum(graph.tensor_bytes(t) for n in names for t in graph.ops[n].outputs)
-            if total > limit and len(names) > 1:
-                levels.add(lvl)
-    for lvl in sorted(levels):
-        names = [n for n in by_level.get(lvl, ()) if graph.predecessors(n)]  # sources need no order
-        edges.extend(zip(names, names[1:]))
-    if config.sync_mode in (1, 3):
-        for op in rewritten.ops.values():
-            if op.type != SWAP_OUT_TYPE:
-                continue
-            for r in rewritten.data_consumers(op.inputs[0]):
-                if r != op.name and rewritten.ops[r].role is Role.FORWARD and rewritten.ops[r].type != SWAP_OUT_TYPE:
-                    edges.append((op.name, r))
-    if config.sync_mode in (2, 3):
-        pinned = pin_graph(rewritten, edges)
-        position = {n: i for i, n in enumerate(pinned.topological_order)}
-        for op in rewritten.ops.values():
-            if op.type != SWAP_IN_TYPE:
-                continue
-            readers = [r for r in rewritten.data_consumers(op.outputs[0])]
-            if not readers:
-                continue
-            first = min(readers, key=pinned.levels.__getitem__)
-            others = [p for p in pinned.predecessors(first)
-                      if p != op.name and not pinned.is_ancestor(op.name, p)
-                      and pinned.ops[p].type not in SHAPE_ONLY_TYPES and pinned.predecessors(p)]
-            if others:
-                edges.append((max(others, key=lambda p: (pinned.levels[p], position[p])), op.name))
-    return tuple(dict.fromkeys(edges)), tuple(sorted(levels))
-
-
-def anchor_edges(graph: Graph, edges: Iterable[tuple[str, str]], pinnable: frozenset[str], *,
-                 search_limit: int = 256) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
-    r"""Requested edges as edges between pinnable ops, and the ones that cannot be: ``(anchored, dropped)``.
-
-    ``(a) ..> (b)`` becomes ``(a') ..> (b')``: ``a'`` the nearest pinnable
-    ancestor of ``a`` (the deepest of the nearest), ``b'`` the nearest pinnable
-    descendant of ``b`` (the shallowest)::
-
-        (p) -> (a) -> ...          (p) ..> (d)   a weaker order: p before d
-        (b) -> (d)                 (a, b not pinnable: Conv2D, BatchNorm's Mul)
-
-    ``a'`` precedes ``a`` and ``b'`` follows ``b``, so the anchored edges make a
-    cycle only where the requested ones did. An edge the graph already implies
-    is left out; one without a pinnable end within `search_limit` ops, dropped.
-    """
-    anchored: list[tuple[str, str]] = []
-    dropped: list[tuple[str, str]] = []
-    up: dict[str, str | None] = {}
-    down: dict[str, str | None] = {}
-    for a, b in edges:
-        if a not in up:
-            up[a] = _nearest_pinnable(graph, a, pinnable, upward=True, limit=search_limit)
-        if b not in down:
-            down[b] = _nearest_pinnable(graph, b, pinnable, upward=False, limit=search_limit)
-        src, dst = up[a], down[b]
-        if src is None or dst is None or src == dst:
-            dropped.append((a, b))
-        elif not graph.is_ancestor(src, dst):
-            anchored.append((src, dst))
-    return tuple(dict.fromkeys(anchored)), tuple(dropped)
-
-
-def _nearest_pinnable(graph: Graph, name: str, pinnable: frozenset[str], *, upward: bool, limit: int) -> str | None:
-    if name in pinnable:
-        return name
-    levels = graph.levels
-    seen = {name}
-    layer = [name]
-    while layer and len(seen) < limit:
-        nxt: list[str] = []
-        for n in layer:
-            for m in (graph.predecessors(n) if upward else graph.successors[n]):
-                if m not in seen:
-                    seen.add(m)
-                    nxt.append(m)
-        found = [m for m in nxt if m in pinnable]
-        if found:
-            return max(found, key=levels.__getitem__) if upward else min(found, key=levels.__getitem__)
-        layer = nxt
-    return None
-
-
-# Ops that only read a resource (a variable): they may run in any order among themselves.
-RESOURCE_READ_TYPES = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape"})
-
-
-def resource_order_edges(accesses: Iterable[tuple[str, str, bool]]) -> tuple[tuple[str, str], ...]:
-    """Program-order edges between ops that use one resource, as TF's automatic control dependencies add them.
-
-    Args:
-        accesses: ``(op, resource, writes)`` in program (creation) order.
-
-    Returns:
-        ``(a, b)`` edges: each write after the reads and the write before it,
-        each read after the last write before it. tf.function adds these when the
-        traced function returns -- after LMS has rewritten it -- so an order that
-        read a variable after its update would be a cycle there (and wrong).
-    """
-    last_write: dict[str, str] = {}
-    reads: dict[str, list[str]] = {}
-    edges: list[tuple[str, str]] = []
-    for op, resource, writes in accesses:
-        if writes:
-            prior = reads.pop(resource, [])
-            edges.extend((r, op) for r in prior if r != op)
-            if not prior and resource in last_write and last_write[resource] != op:
-                edges.append((last_write[resource], op))
-            last_write[resource] = op
-        else:
-            if resource in last_write and last_write[resource] != op:
-                edges.append((last_write[resource], op))
-            reads.setdefault(resource, []).append(op)
-    return tuple(dict.fromkeys(edges))
-
-
-def resource_edges(graph: Graph) -> tuple[tuple[str, str], ...]:
-    """`resource_order_edges` of a graph model: its ``resource`` tensors, their readers in creation order."""
-    accesses = [(op.name, t, op.type not in RESOURCE_READ_TYPES) for op in graph.ops.values() for t in op.inputs
-                if graph.tensors[t].dtype == "resource"]
-    return tuple((a, b) for a, b in resource_order_edges(accesses) if not graph.is_ancestor(b, a))
-
-
-def merge_edges(graph: Graph) -> tuple[tuple[str, str], ...]:
-    """Model-only edges for oneDNN's merged pairs (`lms.anchor.merged_pairs`): the merged op runs after
-    every input of both, so ``b`` is ordered after ``a``'s inputs (no pin may then run between them)."""
-    edges = []
-    for a, b in merged_pairs(graph):
-        edges.extend((p, b) for p in graph.predecessors(a) if not graph.is_ancestor(b, p))
-    return tuple(edges)
-
-
-
 # ---- pins --------------------------------------------------------------------------------------
 
 def _chain_pins(g: Graph, m: BufferModel, order: list[int], pinnable: frozenset[str]) -> tuple[tuple[str, str], ...]:
@@ -409,7 +236,7 @@ def _trigger_pins(m: BufferModel, order: list[int], triggers: frozenset[str]) ->
     earlier, and TF's executor would copy the tensor in long before its reader
     needs it (seen: ResNet-50's ``pool1`` output held 0.7 GiB through a whole
     BatchNorm backward at the peak). An edge from the latest op before the
-    swap-in that may carry a control output (`lms.anchor.trigger_ops`) keeps the
+    swap-in that may carry a control output (`lms.plan.anchor.trigger_ops`) keeps the
     copy where the order put it. Skipped where that op is already an input.
     """
     pins: list[tuple[str, str]] = []
@@ -439,7 +266,7 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
         config: the knobs (default: the plan's config, else `LMSConfig()`).
         batch: batch the liveness model sizes tensors at (default: the graph's),
             raised to `scoring_batch` where resident bytes would hide the order.
-        exact: the step's executed graph will be pinned whole (`lms.exact`:
+        exact: the step's executed graph will be pinned whole (`lms.schedule.exact_order`:
             one CPU device), so the order chosen is the order that runs: each
             candidate is scored by its own liveness peak, not by the orders
             TF's executor models run with its partial pins, and
@@ -464,7 +291,7 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
                          serialized_levels=levels, schedule_s=time.perf_counter() - t0)
         sched.validate(rewritten, pinnable=pinnable)
         return sched
-    from .sim.shapes import complete_sizes  # lms.sim imports this module lazily: no cycle
+    from ..sim.shapes import complete_sizes  # lms.sim imports this package lazily: no cycle
 
     # The order respects every edge of the graph as built, identities included (pins that relied on
     # Grappler bypassing an identity -- Keras passes all gradients through one -- would close a cycle),

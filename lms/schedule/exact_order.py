@@ -1,7 +1,7 @@
 """`exact_order(nodes, schedule_order) -> ExactOrder`: one order over the graph TF really runs, and the edges that pin it all. No TensorFlow.
 
 `schedule="memory"` pins its order through the ops of the traced graph that no
-Grappler or oneDNN rewrite touches (`lms.anchor.pinnable_ops`); the fused
+Grappler or oneDNN rewrite touches (`lms.plan.anchor.pinnable_ops`); the fused
 kernels and the BatchNorm arithmetic between them float, and TF's
 single-threaded executor places them by a depth-first walk over edge sets kept
 in pointer order: another order in every process, and another peak.
@@ -60,7 +60,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .anchor import MERGED_SIBLING_TYPES
+from ..plan.anchor import MERGED_SIBLING_TYPES
 
 __all__ = ["Node", "ExactOrder", "ExactOrderError", "exact_order", "FREE_TYPES", "CONTROL_FLOW_TYPES"]
 
@@ -265,7 +265,7 @@ def _unit(chain: list[str], k: int, mate: dict[str, str]) -> tuple[str, ...]:
 
 
 def _merged_pairs(nodes: Sequence[Node]) -> tuple[tuple[str, str], ...]:
-    """``(a, b)`` pairs oneDNN merges (`lms.anchor.MERGED_SIBLING_TYPES`): ``b`` has one input, which ``a`` reads."""
+    """``(a, b)`` pairs oneDNN merges (`lms.plan.anchor.MERGED_SIBLING_TYPES`): ``b`` has one input, which ``a`` reads."""
     readers: dict[str, list[Node]] = {}
     for n in nodes:
         for p in dict.fromkeys(n.inputs):
