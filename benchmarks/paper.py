@@ -165,7 +165,8 @@ class ConfigOutcome:
     """One config's PREDICTED largest batch at the budget on one device profile.
 
     ``batch`` is 0 when even batch 1 does not fit; ``peak_bytes`` is then the
-    peak at batch 1 (what this config needs).
+    peak at batch 1 (what this config needs). ``peak_host_bytes``: the host memory
+    its swapped tensors hold at their peak, at that batch (`lms.sim.host`).
     """
 
     config: Mapping[str, Any]
@@ -175,6 +176,7 @@ class ConfigOutcome:
     step_time_s: float
     n_swapped: int
     peak_op: str
+    peak_host_bytes: int = 0
 
     @property
     def lms_config(self) -> LMSConfig:
@@ -278,8 +280,9 @@ def _outcome(graph: Graph, plan: SwapPlan | None, budget: int, device: Any, conf
     if m is None or m.batch == 0:
         one = simulate(graph, plan, batch=1, device=device, timeline=False)
         return ConfigOutcome(dict(config), 0, one.peak_device_bytes, 0.0, one.step_time_s,
-                             plan.n_swapped if plan is not None else 0, one.peak_op)
-    return ConfigOutcome(dict(config), m.batch, m.peak_bytes, m.throughput, m.step_time_s, m.n_swapped, m.peak_op)
+                             plan.n_swapped if plan is not None else 0, one.peak_op, one.peak_host_bytes)
+    return ConfigOutcome(dict(config), m.batch, m.peak_bytes, m.throughput, m.step_time_s, m.n_swapped, m.peak_op,
+                         m.peak_host_bytes)
 
 
 def _levers(graph: Graph, grid: Sequence[ConfigOutcome], plans: Mapping[LMSConfig, SwapPlan], budget: int,
@@ -411,7 +414,8 @@ def batch_row(row: RowResult, dev: DeviceOutcome) -> list[str]:
     bfc = "-"
     if dev.bfc is not None:
         bfc = f"{dev.bfc['no_lms']['batch']} -> {dev.bfc['lms']['batch']}"
-    return [row.key if first else "", paper, dev.device, fmt_batch(dev.no_lms), fmt_batch(dev.lms),
+    host = fmt_bytes(dev.lms.peak_host_bytes) if dev.lms.batch else "-"
+    return [row.key if first else "", paper, dev.device, fmt_batch(dev.no_lms), fmt_batch(dev.lms), host,
             fmt_ratio(dev.ratio), bfc, fmt_config(dev.lms.config)]
 
 
@@ -432,7 +436,7 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]], align: str) -> 
 
 
 BATCH_HEADER = ("workload", "paper (measured, P100 16 GB)", "device profile", "max batch, no LMS (PREDICTED)",
-                "max batch, tuned LMS (PREDICTED)", "ratio (PREDICTED)", "with BFC fragmentation (PREDICTED)",
+                "max batch, tuned LMS (PREDICTED)", "host memory it holds (PREDICTED)", "ratio (PREDICTED)", "with BFC fragmentation (PREDICTED)",
                 "tuned config (PREDICTED best)")
 THROUGHPUT_HEADER = ("workload", "device profile", "no LMS, samples/s @ batch (PREDICTED)",
                      "tuned LMS, samples/s @ batch (PREDICTED)", "cost vs no LMS (PREDICTED)",
@@ -490,7 +494,11 @@ def markdown(doc: Mapping[str, Any], rows: Sequence[RowResult]) -> str:
         f"## Max batch at {budget:.0f} GiB ({LABEL}; the paper's measured figures beside them)",
         "",
         *_table(BATCH_HEADER, (batch_row(r, d) for r in rows for d in r.devices),
-                ("---", "---", "---", "---:", "---:", "---:", "---:", "---")),
+                ("---", "---", "---", "---:", "---:", "---:", "---:", "---:", "---")),
+        "",
+        f"'host memory it holds' ({LABEL}): the bytes the tuned config's swapped tensors hold in host memory "
+        "at their peak, at its max batch (pinned memory on a GPU; TF 2.21 pins at most 128 GiB unless "
+        "TF_GPU_HOST_MEM_LIMIT_IN_MB says otherwise).",
         "",
         f"'with BFC fragmentation' ({LABEL}, P100 profile only): the no-LMS and tuned-LMS batches stepped down "
         "until TF's BFC allocator, replayed over the step, fits the budget. A batch of 0 means batch 1 does not "
@@ -566,7 +574,7 @@ def _compact(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: config[k] for k in _CONFIG_KEYS if k in config}
 
 
-_OUTCOME_FIELDS = ("config", "batch", "peak_bytes", "throughput", "step_time_s", "n_swapped")
+_OUTCOME_FIELDS = ("config", "batch", "peak_bytes", "throughput", "step_time_s", "n_swapped", "peak_host_bytes")
 
 
 def to_json(doc: Mapping[str, Any], rows: Sequence[RowResult]) -> dict[str, Any]:
@@ -584,7 +592,7 @@ def to_json(doc: Mapping[str, Any], rows: Sequence[RowResult]) -> dict[str, Any]
                          "lms_without_branches": outcome(dev.lms_without_branches)} for dev in r.devices]
         d["outcomes"] = {k: {"fields": list(_OUTCOME_FIELDS),
                              "rows": [[fmt_config(o.config), o.batch, o.peak_bytes, round(o.throughput, 4),
-                                       round(o.step_time_s, 5), o.n_swapped] for o in v]}
+                                       round(o.step_time_s, 5), o.n_swapped, o.peak_host_bytes] for o in v]}
                          for k, v in r.outcomes.items()}
         return d
 

@@ -132,7 +132,7 @@ def hand_row() -> paper.RowResult:
     dev = paper.DeviceOutcome(
         device="P100-16GB", link="NVLink 1.0",
         no_lms=paper.ConfigOutcome(LMSConfig(n_tensors=0).to_dict(), 198, 15 << 30, 144.0, 1.375, 0, "a"),
-        lms=paper.ConfigOutcome(cfg, 645, 16 << 30, 102.0, 6.3, 213, "b"),
+        lms=paper.ConfigOutcome(cfg, 645, 16 << 30, 102.0, 6.3, 213, "b", 50 << 30),
         lms_without_branches=paper.ConfigOutcome(LMSConfig(n_tensors=100, lb=5).to_dict(), 641, 1, 115.0, 5.6,
                                                  100, "c"),
         ratio=paper.ratio(645, 198), throughput_cost=paper.throughput_cost(102.0, 144.0),
@@ -149,7 +149,7 @@ def hand_row() -> paper.RowResult:
 def test_batch_and_throughput_rows_are_formatted_exactly():
     row = hand_row()
     dev = row.devices[0]
-    assert paper.batch_row(row, dev) == ["resnet50", "176 -> 832 (4.7x)", "P100-16GB", "198", "645", "3.3x",
+    assert paper.batch_row(row, dev) == ["resnet50", "176 -> 832 (4.7x)", "P100-16GB", "198", "645", "50.0 GiB", "3.3x",
                                          "190 -> 637", "n_tensors=-1, lb=5, fuse, branches@10"]
     assert paper.throughput_row(row, dev) == ["resnet50", "P100-16GB", "144 @ 198", "102 @ 645", "29%", "30%", "-"]
     assert paper.limits_row(row, "P100-16GB") == ["resnet50", "641 (115/s)", "645 (102/s)", "644 / 650", "`b`"]

@@ -254,7 +254,10 @@ def test_two_searches_started_together_share_the_study(storage: str | None, tmp_
     study = _study(tmp_path, storage)
     trials = study.get_trials(deepcopy=False)
     owners = {t.user_attrs["owner"]["pid"] for t in trials if "owner" in t.user_attrs}
-    assert owners == {p.pid for p in procs}  # both ran trials
+    # usually both ran trials; on a loaded machine the first can finish all 8 before the second gets its
+    # first slot (seen twice in CI runs beside other jobs): that one then finds the study done, exits 0
+    # and records nothing, which is right. What the race must never do is checked below.
+    assert owners and owners <= {p.pid for p in procs}
     # the warm start queued once (a sampled config equal to it is answered from the study, attributes copied)
     assert sum(1 for t in trials if t.user_attrs.get("warm_start") and "duplicate_of" not in t.user_attrs) == 3
     from tuner.records import counted
