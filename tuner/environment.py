@@ -56,8 +56,17 @@ def default_backend() -> tuple[str, str]:
 
 
 def host_memory_bytes() -> int | None:
-    """This machine's physical memory in bytes, or None where the OS does not say."""
+    """This machine's physical memory in bytes (``os.sysconf``; ``/proc/meminfo`` as a fallback), or
+    None where the OS does not say."""
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
-        return None
+        pass
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -24,9 +24,10 @@ import os
 from typing import Any, Mapping
 
 from .budget import BudgetError, format_bytes, parse_budget
+from .environment import host_memory_bytes
 
 __all__ = ["HOST_FRACTION", "PINNED_DEFAULT_BYTES", "PINNED_ENV", "NO_HOST_BOUND", "parse_host_budget",
-           "physical_memory_bytes", "default_host_budget", "targets_gpu", "host_miss_reason", "pinned_limit_mb",
+           "default_host_budget", "targets_gpu", "host_miss_reason", "pinned_limit_mb",
            "host_budget_conflict", "add_host_fields", "host_lines", "worker_host_limit_bytes", "host_verdict"]
 
 #: Share of the physical RAM the default host budget allows.
@@ -52,22 +53,6 @@ def parse_host_budget(text: str) -> int | None:
         raise BudgetError(str(exc).replace("budget", "host budget", 1)) from None
 
 
-def physical_memory_bytes() -> int | None:
-    """This machine's physical RAM in bytes (``os.sysconf``; ``/proc/meminfo`` as a fallback), or None."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        pass
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def targets_gpu(backend: Any, device: str) -> bool:
     """Whether the search's configs run on a GPU: the gpu backend, or a GPU device profile."""
     if getattr(backend, "name", backend) == "gpu":
@@ -87,7 +72,7 @@ def default_host_budget(*, gpu: bool, ram_bytes: int | None = None) -> tuple[int
     (`PINNED_DEFAULT_BYTES`, or ``TF_GPU_HOST_MEM_LIMIT_IN_MB`` when this environment sets it).
     (None, why) when the OS does not say how much RAM it has.
     """
-    ram = physical_memory_bytes() if ram_bytes is None else ram_bytes
+    ram = host_memory_bytes() if ram_bytes is None else ram_bytes
     if not ram:
         return None, "no host bound: the OS did not say how much RAM this machine has"
     budget = int(ram * HOST_FRACTION)
