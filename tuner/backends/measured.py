@@ -27,11 +27,11 @@ from typing import Any, Callable, Mapping
 
 from ..batch import Prediction
 from ..bracket import ends, verdicts, verdict_word
-from ..host import host_verdict
 from ..confirm import (RECORDED_FIGURES, FreshRuns, confirm_recommendation, fresh_process_trials, measure_trial,
                        retime_in_fresh_processes)
 from ..budget import format_bytes
 from ..loop import Interrupted, optimize
+from ..host import host_verdict
 from ..oom import HOST_OOM
 from ..pareto import pareto_picks
 from ..progress import Progress
@@ -41,7 +41,6 @@ from ..recovery import recover_stale_trials
 from ..study import SCREEN_SUFFIX, claim_screen_study, make_sampler, queue_warm_start
 from ..worker import WorkerOutcome, run_worker
 from .base import Backend, SearchRun
-
 
 __all__ = ["MeasuredBackend", "SIM_SKIP_TOLERANCE", "SCREEN_SEED", "EXTRA_TRIALS", "calibration", "measured_record",
            "fresh_record", "machine_error_record"]
