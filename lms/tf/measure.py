@@ -341,9 +341,8 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
         live_peak_bytes=None if live_figures is None else live_figures.peak_bytes,
         live_step_bytes=None if live_figures is None else live_figures.step_bytes,
         host_copies_peak_bytes=copies.peak_bytes if copies is not None and copies.copies > copies_before else None)
-    log.info("measured %s: peak %d bytes (%s), median step %.4f s over %d steps; each step's peak %s, time %s",
-             device, peak, measurement.peak_source, measurement.median_step_s, len(times), step_peaks,
-             [round(t, 3) for t in times])
+    log.info("measured %s: peak %d bytes (%s), median step %.4f s over %d steps (%s bytes, %s s)", device, peak,
+             measurement.peak_source, measurement.median_step_s, len(times), step_peaks, [round(t, 3) for t in times])
     return measurement
 
 
