@@ -460,11 +460,11 @@ class GraphBuilder:
     def op(self, name: str, type: str, *inputs: str, role: Role = Role.FORWARD,
            control_inputs: Iterable[str] = (), grad_of: str | None = None,
            fixed_bytes: int = 0, per_sample_bytes: int = 0, n_outputs: int = 1,
-           shape: tuple[int | None, ...] | None = (None, 4), dtype: str = "float32") -> str:
+           shape: tuple[int | None, ...] | None = (None, 4), dtype: str = "float32", live: bool = True) -> str:
         """Add an op with `n_outputs` equal-sized outputs; return its first output's name."""
         outputs = tuple(f"{name}:{i}" for i in range(n_outputs))
         self._ops.append(Op(name=name, type=type, role=role, inputs=tuple(inputs),
-                            control_inputs=tuple(control_inputs), outputs=outputs, grad_of=grad_of))
+                            control_inputs=tuple(control_inputs), outputs=outputs, grad_of=grad_of, live=live))
         for t in outputs:
             self._tensors.append(Tensor(t, dtype=dtype, shape=shape, fixed_bytes=fixed_bytes,
                                         per_sample_bytes=per_sample_bytes))

@@ -275,6 +275,32 @@ def test_elementwise_ops_reuse_a_dying_input_but_not_a_live_one():
     assert sim(b2.build(), batch=1).peak_device_bytes == 4 * MiB
 
 
+def _masked_softmax_gradient(*, dead_live: bool):
+    """``where(mask, g, 0)`` and the dead gradient of ``where``'s constant branch, as TF's tape leaves them."""
+    b = GraphBuilder()
+    x = b.op("x", "Placeholder", per_sample_bytes=MiB)
+    g = b.op("g", "Conv2D", x, per_sample_bytes=4 * MiB, role=Role.BACKWARD)
+    sel = b.op("select", "SelectV2", x, g, per_sample_bytes=4 * MiB, role=Role.BACKWARD)
+    # the gradient of the constant: nobody reads it, TF prunes it (Op.live=False) unless marked live
+    b.op("select_1", "SelectV2", x, g, per_sample_bytes=4 * MiB, role=Role.BACKWARD, live=dead_live)
+    b.op("out", "Sum", sel, per_sample_bytes=MiB, role=Role.BACKWARD)
+    return b.build()
+
+
+def test_an_op_tensorflow_prunes_takes_no_memory_and_holds_no_input():
+    pruned = _masked_softmax_gradient(dead_live=False)
+    run = _masked_softmax_gradient(dead_live=True)
+    # x + g + select's output; with the dead op run, its output and g held until it ran come on top
+    assert sim(pruned, batch=1).peak_device_bytes == 9 * MiB
+    assert sim(run, batch=1).peak_device_bytes == 13 * MiB
+    assert "select_1" not in sim(pruned, batch=1).timeline.op_names
+    # the memory schedule's liveness model agrees (the step's inputs are not its to count)
+    from lms.schedule.models import buffer_model, live_peak
+    for graph, peak in ((pruned, 8 * MiB), (run, 12 * MiB)):
+        m = buffer_model(graph, 1)
+        assert live_peak(m, [m.index[n] for n in graph.topological_order]) == peak
+
+
 def _variable_graph(*, late_read: bool):
     b = GraphBuilder()
     h = b.op("w", "VarHandleOp", shape=(), dtype="resource")

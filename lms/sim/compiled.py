@@ -38,7 +38,7 @@ from ..optypes import INPUT_TYPES, RESIDENT_TYPES, VIEW_TYPES
 from ..plan import HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
 from .costs import ZERO_COST_TYPES, TemporaryModel, op_bytes, op_flops, op_temporary
 from .layout import is_transposed, transposed_rank
-from .order import bypass_identities, executed_order
+from .order import bypass_identities, executed_order, prune_dead
 from .shapes import complete_sizes, is_noop_reduction
 
 __all__ = ["CompiledGraph", "compile_graph", "ALIAS_TYPES",
@@ -201,7 +201,7 @@ def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "e
     exact = schedule is not None and getattr(schedule, "exact", False) and bool(schedule.order)
     if schedule is not None and schedule.edges:
         g = _with_edges(g, schedule)
-    g = complete_sizes(bypass_identities(g))
+    g = complete_sizes(bypass_identities(prune_dead(g)))
     if exact:
         names = tuple(n for n in schedule.order if n in g.ops)
         if len(names) != len(g.ops):

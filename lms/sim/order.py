@@ -8,7 +8,7 @@ from ..graph import Graph, Op
 from ..optypes import INPUT_TYPES, VIEW_TYPES
 from .costs import ZERO_COST_TYPES
 
-__all__ = ["executed_order", "bypass_identities", "root_rank", "ORDERS", "BYPASSED_TYPES"]
+__all__ = ["executed_order", "bypass_identities", "prune_dead", "root_rank", "ORDERS", "BYPASSED_TYPES"]
 
 ORDERS = ("executor", "single_threaded", "fifo", "creation")
 
@@ -218,6 +218,33 @@ def bypass_identities(graph: Graph) -> Graph:
                     control_inputs=op.control_inputs, outputs=op.outputs, grad_of=op.grad_of,
                     device=op.device, live=op.live)
         ops.append(op)
+    kept = {t for op in ops for t in op.outputs}
+    return Graph(ops, [t for t in graph.tensors.values() if t.name in kept],
+                 batch_size=graph.batch_size, name=graph.name)
+
+
+def prune_dead(graph: Graph) -> Graph:
+    """The graph as TensorFlow runs it: ops nothing needs removed (`lms.graph.Op.live`).
+
+    TF prunes a function's body to what its outputs and its stateful ops depend on
+    before it runs a step (a frozen layer's filter gradient, the gradient of
+    ``where``'s constant branch in a masked softmax): their outputs never take
+    memory and their inputs are not held for them. An op marked dead stays when
+    a kept op waits on it through a control edge added since the trace (a pin).
+    """
+    if all(op.live for op in graph.ops.values()):
+        return graph
+    keep = {name for name, op in graph.ops.items() if op.live}
+    stack = list(keep)
+    while stack:
+        op = graph.ops[stack.pop()]
+        for dep in (*(graph.producer(t).name for t in op.inputs), *op.control_inputs):
+            if dep not in keep:
+                keep.add(dep)
+                stack.append(dep)
+    if len(keep) == len(graph.ops):
+        return graph
+    ops = [op for op in graph.ops.values() if op.name in keep]
     kept = {t for op in ops for t in op.outputs}
     return Graph(ops, [t for t in graph.tensors.values() if t.name in kept],
                  batch_size=graph.batch_size, name=graph.name)
