@@ -19,6 +19,9 @@ from ..plan.recompute import RECOMPUTE_MARKER, is_gate_op_name
 __all__ = ["Naming", "Canonical", "Difference", "canonical", "differences", "optimized_differences", "CHECK_PREFIX"]
 
 CHECK_PREFIX = "lms_check/"
+# Ops whose output is their input, bit for bit (IdentityN: output k is input k).
+_IDENTITIES = frozenset({"Identity", "IdentityN", "Snapshot"})
+_NO_VALUE = frozenset({"NoOp"})  # ops without outputs
 _BACK_EDGE = frozenset({"NextIteration", "RefNextIteration"})
 # Binary ops whose two operands commute exactly (IEEE a + b == b + a): their order does not count. An AddN's
 # order of summation does, as does the order of a chain of these, which the nodes downstream show.
@@ -105,17 +108,25 @@ def canonical(graph_def: Any, naming: Naming) -> Canonical:
     names: dict[str, list[str]] = {}
     describe: dict[str, str] = {}
 
+    def through(node: Any) -> bool:
+        """A node looked through: one LMS inserted, or an identity (the same bits, kept or bypassed by Grappler
+        depending on fan-out and control edges: whether it is there is no difference in what is computed)."""
+        return naming.inserted(node.name) or node.op in _IDENTITIES
+
     def source(name: str) -> tuple[str, str]:
-        """(node, output index) a data input stands for, inserted ops looked through."""
+        """(node, output index) a data input stands for, inserted ops and identities looked through."""
         op, _, index = name.partition(":")
         for _ in range(64):
             node = by_name.get(op)
-            if node is None or not naming.inserted(op):
+            if node is None or not through(node):
                 break
             data = [i for i in node.input if not i.startswith("^")]
             if not data:
                 break
-            op, _, index = data[0].partition(":")
+            k = int(index or 0) if node.op == "IdentityN" else 0
+            if k >= len(data):
+                break
+            op, _, index = data[k].partition(":")
         return op, index or "0"
 
     def visit(root: str) -> str:
@@ -158,7 +169,9 @@ def canonical(graph_def: Any, naming: Naming) -> Canonical:
         return hashes[root]
 
     for n in graph_def.node:
-        if not naming.inserted(n.name):
+        if n.op in _NO_VALUE:
+            continue  # computes nothing: only orders (Grappler folds a BroadcastGradientArgs into one, or drops it)
+        if not through(n) or not [i for i in n.input if not i.startswith("^")]:
             visit(n.name)
     return Canonical(hashes, inputs, names, describe)
 

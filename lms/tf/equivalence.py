@@ -66,7 +66,7 @@ __all__ = ["Correction", "Difference", "EquivalenceResult", "ensure_equivalent",
 log = logging.getLogger(__name__)
 
 MAX_ROUNDS = 4
-CHECK_VERSION = 2  # part of every cache key: raise it when what the check compares changes
+CHECK_VERSION = 3  # part of every cache key: raise it when what the check compares changes
 _CACHE_SIZE = 16
 _PY_FUNCS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 

@@ -204,3 +204,27 @@ def test_optimized_differences_compare_by_value():
     g = graph(["a/y"], ["a/y", "x"])
     g.node[-1].op = "Sub"
     assert [d.node for d in optimized_differences(graph(["a/y"], ["a/y", "x"]), g, plan)] == ["add", "add"]
+
+
+def test_an_identity_grappler_kept_on_one_side_only_is_no_difference():
+    """Seen on GPT-2 with ``recompute="cheap"``: without LMS Grappler turned a no-op ``Sum`` into an
+    ``Identity``, with LMS it bypassed it; the same bits either way, but the check once dropped every
+    swap and recompute of the step over it."""
+    from tensorflow.core.framework import graph_pb2
+
+    def graph(identity: bool, reader_op: str = "Neg"):
+        g = graph_pb2.GraphDef()
+        g.node.add(name="x", op="_Arg")
+        g.node.add(name="m", op="Mul", input=["x", "x"])
+        src = "m"
+        if identity:
+            g.node.add(name="grad/Sum_1", op="Identity", input=["m", "^x"])
+            src = "grad/Sum_1"
+        g.node.add(name="out", op=reader_op, input=[src])
+        return g
+
+    plan = lms.SwapPlan(config=lms.LMSConfig())
+    assert optimized_differences(graph(True), graph(False), plan) == []
+    assert optimized_differences(graph(False), graph(True), plan) == []
+    # what is computed after the identity still counts
+    assert [d.node for d in optimized_differences(graph(True), graph(False, "Abs"), plan)] == ["out", "out"]
