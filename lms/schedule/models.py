@@ -66,9 +66,6 @@ def buffer_model(g: Graph, batch: int) -> BufferModel:
         op = g.ops[name]
         i = index[name]
         for k, t in enumerate(op.outputs):
-            if not op.live:  # TF prunes it (`lms.sim.order.prune_dead`): it allocates and holds nothing
-                buf_of[t] = -1
-                continue
             if op.type in VIEW_TYPES and op.inputs:
                 src = op.inputs[k if op.type == "IdentityN" and k < len(op.inputs) else 0]
                 buf_of[t] = buf_of.get(src, -1)
@@ -86,8 +83,7 @@ def buffer_model(g: Graph, batch: int) -> BufferModel:
             owns[i] += (buf_of[t],)
     reads: list[tuple[int, ...]] = []
     for name in names:
-        op = g.ops[name]
-        bufs = {buf_of[t] for t in op.inputs if op.live and buf_of.get(t, -1) >= 0}  # a view holds its buffer too
+        bufs = {buf_of[t] for t in g.ops[name].inputs if buf_of.get(t, -1) >= 0}  # a view holds its buffer too
         reads.append(tuple(sorted(bufs)))
     readers = group_pairs((b, i) for i, bufs in enumerate(reads) for b in bufs)  # ascending op indexes
     preds = tuple(tuple(index[p] for p in g.predecessors(n) if p in index) for n in names)

@@ -66,6 +66,7 @@ def test_custom_loop_trains_bitwise_identically(loops, name, config_name, caplog
         got, step = loop.run(lambda f: lms.function(f, config=config, emulate=emulate))
     assert baseline.differences(got) == []
     assert step.summary.n_swapped > 0 or step.summary.recomputed
+    assert not step.summary.corrections, step.summary.corrections[:2]  # the planner's rules, not the check
     if config.recompute != "none":
         assert step.summary.recomputed  # every loop has a cheap saved tensor (an activation, a VAE's exp)
     if config.schedule == "memory":  # on this CPU the memory schedule runs pinned whole (lms.tf.exact)
@@ -85,6 +86,7 @@ def test_fit_trains_bitwise_identically(fits, name, config_name, caplog):
         got, model = fit.run(lambda m: lms.enable_lms(m, config, emulate=emulate))  # before compile
     assert baseline.differences(got) == []
     assert model.lms.summary.n_swapped > 0 or model.lms.summary.recomputed
+    assert not model.lms.summary.corrections, model.lms.summary.corrections[:2]
     assert not _moved(caplog)
 
 
