@@ -10,6 +10,8 @@ Steps, all batch-independent (sizes stay affine: ``fixed + per_sample * batch``)
    moved; the swap ops and the ops that wait for swap-ins.
 
 Memory rules, following TF's allocator and kernels:
+- Ops TF prunes before it runs a step (`lms.graph.Op.live` False: nothing the
+  step returns or must run needs them) are left out (`prune_dead`).
 - An op's outputs are allocated when it runs; its inputs are released after it
   ran. Outputs nobody reads are freed right after their producer.
 - Views share their input's buffer (`ALIAS_TYPES`: Identity, Reshape, ...).
