@@ -32,9 +32,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.paper import ROWS, load_graph  # noqa: E402
 from lms import LMSConfig  # noqa: E402
 from lms.config import atomic_write_text  # noqa: E402
-from lms.machine.devices import get_device  # noqa: E402
 from lms.plan import anchor  # noqa: E402
-from lms.sim.interpreter import compiled_for, default_temporaries, exact_on, layout_transposes_on, resolve_plan  # noqa: E402
 from lms.simulator import max_batch, simulate  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "transformer_gap.json"
@@ -46,11 +44,8 @@ MiB = 1 << 20
 
 def peak_buffers(graph, config: LMSConfig, batch: int, top: int = 6) -> dict[str, Any]:
     """The simulated peak at `batch` and its largest live buffers."""
-    dev = get_device(DEVICE)
-    r = simulate(graph, config, batch=batch, device=dev, timeline=False)
-    cg = compiled_for(graph, resolve_plan(graph, config), order=dev.order, temporaries=default_temporaries(dev),
-                      expensive_op_bytes=dev.expensive_op_bytes, exact=exact_on(dev),
-                      layout_transposes=layout_transposes_on(graph, dev))
+    r = simulate(graph, config, batch=batch, device=DEVICE, timeline=True)
+    cg = r._trace.cg  # noqa: SLF001 -- the compiled graph this very simulation ran over
     p = r.peak_index
     sizes = cg.buf_fixed + batch * cg.buf_ps
     live = np.flatnonzero((cg.buf_alloc <= p) & (cg.buf_free >= p) & ~cg.buf_host)
