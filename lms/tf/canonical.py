@@ -169,9 +169,9 @@ def canonical(graph_def: Any, naming: Naming) -> Canonical:
         return hashes[root]
 
     for n in graph_def.node:
-        if n.op in _NO_VALUE:
-            continue  # computes nothing: only orders (Grappler folds a BroadcastGradientArgs into one, or drops it)
-        if not through(n) or not [i for i in n.input if not i.startswith("^")]:
+        # a NoOp computes nothing, only orders (Grappler folds a BroadcastGradientArgs into one, or drops it);
+        # a looked-through node is hashed as what it stands for, by its readers
+        if n.op not in _NO_VALUE and not through(n):
             visit(n.name)
     return Canonical(hashes, inputs, names, describe)
 
