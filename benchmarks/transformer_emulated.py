@@ -8,8 +8,9 @@ memory schedule, `recompute` none and ``"cheap"``):
    ``device="cpu"``: TF's single-threaded executor order, BFC allocator replayed): PREDICTED;
 2. the largest batch whose step fits, MEASURED in fresh processes (the
    ``benchmarks/simulator_accuracy.py`` child: emulated swap ops, the schedule pinned whole,
-   BFC allocator peak of three steps after two warm-ups): a bracket from the prediction,
-   one batch at a time, until a fitting batch sits next to one that does not.
+   BFC allocator peak of three steps after two warm-ups): the tuner's bracket
+   (`tuner.batch.search_max_batch`) from the prediction, until a fitting batch sits next
+   to one that does not.
 
 Run it from two checkouts to compare code (each writes its own JSON, `--label`)::
 
@@ -62,7 +63,7 @@ def _lms_digest() -> str:
 def main(argv: list[str] | None = None) -> int:
     import paper
     import simulator_accuracy as acc
-    from tuner.batch import predict_max_batch, usable_bytes
+    from tuner.batch import Measurement, predict_max_batch, search_max_batch, usable_bytes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget-mib", type=int, default=256, help="device budget (MiB) the batch must fit")
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         pred = predict_max_batch(graph, config, usable, device="cpu", cap=4096, allocator="bfc")
         probes: dict[int, dict[str, Any]] = {}
 
-        def fits(batch: int) -> bool:
+        def measure(batch: int) -> int:
             record = acc.measure({"model": "gpt2_small", "options": OPTIONS, "batch": batch, "config": fields,
                                   "executor": "single_threaded"}, cache, remeasure=False, timeout=args.timeout)
             if record is None:
@@ -96,17 +97,15 @@ def main(argv: list[str] | None = None) -> int:
                              "fits": record["measured_peak_bytes"] <= usable}
             print(f"  {label}: batch {batch} peak {record['measured_peak_bytes'] / MiB:.1f} MiB "
                   f"({'fits' if probes[batch]['fits'] else 'over'} {usable / MiB:.1f})", file=sys.stderr, flush=True)
-            return probes[batch]["fits"]
+            return record["measured_peak_bytes"]
 
-        batch = max(pred.batch, 1)
-        if fits(batch):
-            while fits(batch + 1):
-                batch += 1
-        else:
-            batch -= 1
-            while batch > 0 and not fits(batch):
-                batch -= 1
-        best = batch
+        # the tuner's bracket (`tuner.batch.search_max_batch`), closed to adjacent batches
+        found = search_max_batch(lambda b: Measurement(peak_bytes=measure(b)), usable=usable, start=pred.batch,
+                                 cap=4096, resolution=0.0, max_probes=16,
+                                 slope_bytes_per_sample=pred.peak_bytes / pred.batch if pred.batch else None)
+        if not found.converged:
+            raise SystemExit(f"{label}: no adjacent fitting / failing batches in 16 processes ({found.probes})")
+        best = found.batch
         rows.append({"config": label, "fields": fields, "predicted_batch": pred.batch,
                      "predicted_peak_bytes": pred.peak_bytes, "measured_batch": best,
                      "measured_peak_bytes": probes[best]["peak_bytes"] if best else None,
