@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 from .budget import format_bytes
 from .errors import SearchError
 from .progress import Progress
-from .records import TrialRecord, counted
+from .records import TrialRecord, corrections_warning, counted
 from .recovery import owner, recover_stale_trials, start_heartbeat
 from .space import SearchSpace
 
@@ -308,3 +308,6 @@ def _log_record(number: int, r: TrialRecord, count: str, space: SearchSpace) -> 
                  if host else "", kind, r.peak_source)
     else:
         log.info("trial %d %s: %s -> %s (%s): %s", number, count, cfg, r.status, kind, r.reason)
+    corrected = corrections_warning(r.extra.get("lms_summary"))
+    if corrected:
+        log.info("trial %d: %s", number, corrected)

@@ -30,6 +30,7 @@ from .backends import Backend, get_backend
 from .budget import format_bytes
 from .bracket import CONFIRMATIONS_ATTR, confirmed_figures
 from .knobs import KNOB_TABLE, KnobTable
+from .records import corrections_warning
 from .selection import Confirmed, baseline_trial, feasible_trials, select_recommendation, throughput_peak_front
 
 if TYPE_CHECKING:
@@ -145,6 +146,11 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
                 doc[key] = a[key]
     if predicted_only_reason:
         doc["notes"].append(predicted_only_reason)
+    summary = a.get("lms_summary") or {}
+    warning = corrections_warning(summary)
+    if warning:  # the config's name says more than ran (lms.tf.equivalence)
+        doc["plan_corrections"] = {"warning": warning, **{k: summary[k] for k in (
+            "n_corrections", "corrections_by_kind", "corrections", "n_swapped", "n_recomputed") if k in summary}}
     confirmed = confirmed_figures(chosen, confirmations)
     if confirmed is not None:
         doc.update({k: confirmed[k] for k in ("batch_size", "throughput", "peak_device_bytes")})
@@ -324,6 +330,9 @@ def format_recommendation(doc: Mapping[str, Any]) -> str:
                          f"{miss.get('reason') or ''}".rstrip())
     if doc.get("unconfirmed"):
         lines.append(f"  NOT CONFIRMED: {doc['unconfirmed']}")
+    corrected = doc.get("plan_corrections")
+    if isinstance(corrected, dict) and corrected.get("warning"):
+        lines.append(f"  WARNING: {corrected['warning']}")
     pred = doc.get("predicted") or {}
     if doc.get("measured") and pred.get("batch_size") is not None:
         thr = pred.get("throughput")
@@ -379,6 +388,9 @@ def trials_rows(study: Any, *, label: str, table: KnobTable = KNOB_TABLE) -> lis
             "predicted_throughput": a.get("predicted_throughput"),
             "constraint": (a.get("constraint") or [None])[0], "reason": a.get("reason", ""),
         }
+        summary = a.get("lms_summary") or {}  # a measured trial: what ran (the equivalence check may cut the plan)
+        row["n_swapped"] = summary.get("n_swapped") if summary else a.get("n_swapped")
+        row["n_corrections"] = int(summary.get("n_corrections") or 0) if summary else None
         for k in table.columns:
             row[k] = cfg.get(k, t.params.get(k))
         row["config"] = json.dumps(cfg, sort_keys=True) if cfg else ""

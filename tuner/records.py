@@ -8,12 +8,14 @@ worker's outcome); `counted` says which trials count toward ``--trials``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 if TYPE_CHECKING:
     from .batch import Prediction
 
-__all__ = ["TrialRecord", "predicted_record", "counted", "REQUEUED_STATUSES", "INFEASIBLE"]
+__all__ = ["TrialRecord", "predicted_record", "counted", "REQUEUED_STATUSES", "INFEASIBLE", "CORRECTIONS_KEPT",
+           "corrections_summary", "corrections_warning"]
 
 #: Trial statuses that say nothing about the config: the trial is failed and its params queued again.
 #: ``interrupted``: the search stopped (Ctrl-C, time limit, its process died); ``machine_error``: the
@@ -88,3 +90,42 @@ def counted(t: Any) -> bool:
     if state == "COMPLETE":
         return "duplicate_of" not in t.user_attrs
     return state == "FAIL" and t.user_attrs.get("status") not in (*REQUEUED_STATUSES, "skipped", None)
+
+
+# ---------------------------------------------------------------- what the equivalence check changed
+
+#: Corrections a trial record keeps by name (all are counted by kind).
+CORRECTIONS_KEPT = 5
+
+
+def corrections_summary(corrections: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A trial record's account of the equivalence check's corrections (`lms.tf.corrections.Correction` dicts):
+    ``n_corrections``, ``corrections_by_kind`` and the first `CORRECTIONS_KEPT` ``corrections``; {} for none."""
+    if not corrections:
+        return {}
+    kinds = Counter(str(c.get("kind", "?")) for c in corrections)
+    return {"n_corrections": len(corrections), "corrections_by_kind": dict(sorted(kinds.items())),
+            "corrections": [{"kind": str(c.get("kind", "")), "tensor": str(c.get("tensor", "")),
+                             "reason": str(c.get("reason", ""))[:200]} for c in corrections[:CORRECTIONS_KEPT]]}
+
+
+def corrections_warning(lms_summary: Mapping[str, Any] | None) -> str:
+    """Why a measured config's figures are not its plan's, or "".
+
+    The equivalence check (`lms.tf.equivalence`) moves a trigger, or drops a swap-in or a recompute, when
+    TensorFlow would optimize the step differently with it. The figures are still honest (they are what
+    `lms` runs with this config, on this TensorFlow and device), but the config's name says more than ran:
+    with every swap and recompute dropped, it ran as a step without LMS.
+    """
+    s = lms_summary or {}
+    n = int(s.get("n_corrections") or 0)
+    if n <= 0:
+        return ""
+    kinds = ", ".join(f"{k} {v}" for k, v in (s.get("corrections_by_kind") or {}).items())
+    what = f"{n} correction{'s' if n != 1 else ''}" + (f" ({kinds})" if kinds else "")
+    if not s.get("n_swapped") and not s.get("n_recomputed"):
+        return (f"the equivalence check dropped this config's whole plan, {what}: TensorFlow optimizes the step "
+                "differently with it, so it ran without LMS, and its figures are a step without LMS")
+    return (f"the equivalence check changed this config's plan, {what}, leaving {s.get('n_swapped', 0)} "
+            f"swapped and {s.get('n_recomputed', 0)} recomputed tensors, so that TensorFlow optimizes the step as "
+            "without LMS; the figures are the corrected plan's, which is what lms runs with this config")

@@ -31,9 +31,10 @@ from .faults import injected_fault
 from .oom import describe_oom
 from .protocol import (DescribeRequest, DescribeResult, Envelope, MeasureRequest, MeasureResult, ProtocolError,
                        TraceRequest, TraceResult)
+from .records import corrections_summary
 from .worker import PARENT_PID_ENV, PARENT_PIPE_ENV
 
-__all__ = ["main"]
+__all__ = ["main", "lms_summary_record"]
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
         max_probes=request.max_probes, slope_bytes_per_sample=request.slope_bytes_per_sample, on_probe=on_probe)
     measured_on = next((m.device_name for m in timings.values() if getattr(m, "device_name", "")), "")
     out: dict[str, Any] = {"search": search.to_dict(), "tensorflow": tf.__version__,
-                           "device": backend.device_label(measured_on), "lms_summary": _lms_summary(fn)}
+                           "device": backend.device_label(measured_on), "lms_summary": lms_summary_record(fn)}
     if search.batch == 0:
         oom = all(p.oom for p in search.probes)
         smallest = min(p.batch for p in search.probes)
@@ -250,7 +251,7 @@ def _measure_fixed(request: MeasureRequest, run: Any, events: _Events, *, backen
     """``--batch N``: one timed run at N; it fits when its peak is within the usable budget (no search)."""
     batch, usable = request.start_batch, request.usable_bytes
     events.emit("phase", phase="timing", batch=batch)
-    out: dict[str, Any] = {"tensorflow": tf.__version__, "lms_summary": _lms_summary(fn)}
+    out: dict[str, Any] = {"tensorflow": tf.__version__, "lms_summary": lms_summary_record(fn)}
     over = (lambda peak: peak > usable) if request.stop_over_budget else None  # no later step can undo it
     try:
         m = run(batch, warmup=request.warmup, steps=request.steps, stop_after=over)
@@ -319,12 +320,17 @@ def _fake_fault(fault: str, request: MeasureRequest, events: _Events) -> Measure
                          injected_fault=fault)
 
 
-def _lms_summary(fn: Any) -> dict[str, Any]:
+def lms_summary_record(fn: Any) -> dict[str, Any]:
+    """What a trial records of the LMS its step ran with: counts, whether the memory schedule ran exactly, and
+    what the equivalence check corrected (`tuner.records.corrections_summary`)."""
     summary = getattr(fn, "summary", None)
     if summary is None:
         return {"n_swapped": 0}
     data = summary.to_dict() if hasattr(summary, "to_dict") else dict(summary)
-    out = {k: data[k] for k in ("n_swapped", "n_swap_ins", "swapped_bytes", "n_candidates", "swap_ops") if k in data}
+    out = {k: data[k] for k in ("n_swapped", "n_swap_ins", "swapped_bytes", "n_candidates", "swap_ops", "n_clones")
+           if k in data}
+    out["n_recomputed"] = len(data.get("recomputed") or ())
+    out.update(corrections_summary(data.get("corrections") or ()))  # what the equivalence check changed
     if getattr(fn, "config", None) is not None and fn.config.schedule == "memory":
         # whether the memory schedule ran exactly (the executed graph pinned whole, lms.tf.exact) or
         # through the pinnable ops only, and why

@@ -252,3 +252,35 @@ def test_timeline_series_follow_the_recommendation(tmp_path, n_tensors, labels):
     assert [s.label for s in timeline.series] == labels
     assert note.startswith("Simulated on the V100-16GB profile with lms.simulator from the traced graph (graph.json)")
     assert ("swaps nothing (LMS off)" in note) == (n_tensors == 0)
+
+
+def test_the_card_warns_when_the_check_corrected_the_plan():
+    """recommended.json's ``plan_corrections`` (`tuner.outputs`) is a warning on the card, as in `tuner best`."""
+    import optuna
+
+    from tuner.report.card import recommendation_section
+    from tuner.report.data import report_data
+    from tuner.report.provenance import Recommendation
+
+    from .studies import DISTRIBUTIONS, recommendation_doc
+
+    records = [record(n_tensors=0, batch=30, throughput=90.0, peak=900 << 20),
+               record(n_tensors=4, batch=60, throughput=70.0, peak=950 << 20)]
+    trials = []
+    for i, attrs in enumerate(records):
+        t = optuna.trial.create_trial(values=[attrs["batch_size"], attrs["throughput"]], user_attrs=attrs,
+                                      params={"n_tensors": attrs["config"]["n_tensors"]},
+                                      distributions={"n_tensors": DISTRIBUTIONS["n_tensors"]})
+        t.number = i
+        trials.append(t)
+    doc = recommendation_doc(records, 1)
+
+    def card(doc):
+        data = report_data("s", trials, study_attrs={}, recommendation=Recommendation.from_document(doc),
+                           recommendation_path="studies/s/recommended.json", generated="now")
+        return html.unescape(re.sub(r"<[^>]+>", " ", recommendation_section(data)))
+
+    assert "Plan corrected" not in card(doc)
+    doc["plan_corrections"] = {"warning": "the equivalence check dropped this config's whole plan, 1 correction",
+                               "n_corrections": 1}
+    assert "Plan corrected: the equivalence check dropped this config's whole plan, 1 correction." in card(doc)

@@ -228,3 +228,26 @@ def test_an_identity_grappler_kept_on_one_side_only_is_no_difference():
     assert optimized_differences(graph(False), graph(True), plan) == []
     # what is computed after the identity still counts
     assert [d.node for d in optimized_differences(graph(True), graph(False, "Abs"), plan)] == ["out", "out"]
+
+
+def test_the_trial_record_carries_the_checks_corrections(monkeypatch):
+    """What a tuner trial records of the step it measured (`tuner.trial`): the check's corrections, counted by
+    kind, and the warning every output shows, so that a config whose plan was cut is not taken for its name."""
+    from tuner.records import corrections_warning
+    from tuner.trial import lms_summary_record
+
+    (step, args), config, kind = _harmful_swap_in(monkeypatch)
+    fn = lms.function(step, config=config, emulate=True)
+    fn(*args)
+    summary = lms_summary_record(fn)
+    n = len(fn.summary.corrections)
+    assert n >= 1 and summary["n_corrections"] == n
+    assert summary["corrections_by_kind"] == {kind: n}
+    assert summary["corrections"][0]["tensor"] == fn.summary.corrections[0].tensor
+    assert summary["n_swapped"] == 0 and summary["n_recomputed"] == 0  # its only swap was dropped
+    assert corrections_warning(summary).startswith(
+        f"the equivalence check dropped this config's whole plan, {n} correction")
+
+    whole = lms.function(*distillation()[:1], config=lms.LMSConfig(incl_types=["Reshape"]), emulate=True)
+    whole(*distillation()[1])
+    assert "n_corrections" not in lms_summary_record(whole) and corrections_warning(lms_summary_record(whole)) == ""

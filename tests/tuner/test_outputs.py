@@ -18,8 +18,8 @@ MiB = 1 << 20
 DIST = {"n_tensors": optuna.distributions.IntDistribution(0, 100, step=10)}
 
 
-def _study(points, *, measured=True, backend="emulated"):
-    """points: (n_tensors, batch, throughput, status)"""
+def _study(points, *, measured=True, backend="emulated", lms_summary=None):
+    """points: (n_tensors, batch, throughput, status); lms_summary: {n_tensors: the worker's lms_summary}"""
     study = optuna.create_study(directions=["maximize", "maximize"], study_name="s")
     for n, batch, thr, status in points:
         ok = status == "ok"
@@ -28,6 +28,8 @@ def _study(points, *, measured=True, backend="emulated"):
                  "backend": backend, "measured": measured and ok, "predicted_peak_bytes": 91 * MiB,
                  "predicted_throughput": thr * 1.1, "predicted_batch": batch + 1, "reason": "",
                  "constraint": [-0.1 if ok else 1.0], "step_time_median_s": 0.5, "step_time_spread_s": 0.01}
+        if lms_summary and n in lms_summary:
+            attrs["lms_summary"] = lms_summary[n]
         trial = optuna.trial.create_trial(params={"n_tensors": n}, distributions=DIST,
                                           values=[batch, thr], user_attrs=attrs,
                                           system_attrs={"constraints:memory": attrs["constraint"][0]})
@@ -157,3 +159,52 @@ def test_outputs_are_atomic_a_failed_write_keeps_the_old_files(tmp_path: Path, m
         write_outputs(tmp_path, main=_study(POINTS[:2]), **kwargs)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # old files, no .tmp left
     assert "hunter2" not in "".join(b.decode() for b in before.values())  # storage URL stored masked
+
+
+#: A worker's ``lms_summary`` (`tuner.trial`) for a config whose plan the equivalence check cut down, in the
+#: shape `tests/tf/test_equivalence.py::test_the_trial_record_carries_the_checks_corrections` checks it has.
+CORRECTED = {"n_swapped": 3, "n_swap_ins": 3, "swapped_bytes": 1 << 20, "n_candidates": 9, "swap_ops": "emulated",
+             "n_clones": 0, "n_recomputed": 0, "n_corrections": 2,
+             "corrections_by_kind": {"swap-in dropped": 1, "trigger moved": 1},
+             "corrections": [{"kind": "swap-in dropped", "tensor": "a:0", "reason": "MatMul reads a transpose"},
+                             {"kind": "trigger moved", "tensor": "b:0", "reason": "Mul folded"}]}
+DROPPED = {**CORRECTED, "n_swapped": 0, "n_swap_ins": 0, "corrections_by_kind": {"swap-in dropped": 2}}
+
+
+@pytest.mark.parametrize("summary, says", [
+    (CORRECTED, "changed this config's plan, 2 corrections (swap-in dropped 1, trigger moved 1), leaving 3 swapped "
+                "and 0 recomputed tensors, so that TensorFlow optimizes the step as without LMS"),
+    (DROPPED, "dropped this config's whole plan, 2 corrections (swap-in dropped 2): TensorFlow optimizes the step "
+              "differently with it, so it ran without LMS"),
+])
+def test_a_plan_the_equivalence_check_corrected_is_said_everywhere(tmp_path: Path, summary, says) -> None:
+    """The recommended config (n_tensors=10) ran with fewer swaps than its name says: recommended.json, ``tuner
+    best``'s text and trials.csv say so; the trials whose plans ran whole say nothing."""
+    import pandas as pd
+
+    study = _study(POINTS, lms_summary={10: summary, 20: {"n_swapped": 20, "n_recomputed": 0}})
+    doc, rec, csv = write_outputs(tmp_path, main=study, screen=None, settings=_settings(tmp_path),
+                                  budget_bytes=100 * MiB, budget_source="--budget", usable_bytes=95 * MiB,
+                                  environment={})
+    on_disk = read_recommendation(rec)
+    assert on_disk["config"]["n_tensors"] == 10
+    corrected = on_disk["plan_corrections"]
+    assert says in corrected["warning"]
+    assert corrected["n_corrections"] == 2 and corrected["n_swapped"] == summary["n_swapped"]
+    assert corrected["corrections"][0] == {"kind": "swap-in dropped", "tensor": "a:0",
+                                           "reason": "MatMul reads a transpose"}
+    warning = [ln for ln in format_recommendation(on_disk).splitlines() if "WARNING" in ln]
+    assert warning == [f"  WARNING: {corrected['warning']}"]
+    frame = pd.read_csv(csv)
+    by_n = dict(zip(frame["n_tensors"], frame["n_corrections"]))
+    assert by_n[10] == 2 and by_n[20] == 0  # a trial without lms_summary (no worker) has none
+    assert frame["n_corrections"][frame["n_tensors"] == 0].isna().all()
+    assert dict(zip(frame["n_tensors"], frame["n_swapped"]))[10] == summary["n_swapped"]
+
+
+def test_a_plan_run_whole_has_no_warning(tmp_path: Path) -> None:
+    study = _study(POINTS, lms_summary={10: {"n_swapped": 10, "n_recomputed": 0}})
+    doc, rec, _ = write_outputs(tmp_path, main=study, screen=None, settings=_settings(tmp_path),
+                                budget_bytes=100 * MiB, budget_source="--budget", usable_bytes=95 * MiB,
+                                environment={})
+    assert "plan_corrections" not in doc and "WARNING" not in format_recommendation(doc)

@@ -64,6 +64,9 @@ def recommendation_section(data: ReportData) -> str:
     if rec.document.get("unconfirmed"):
         warnings.append(f"NOT CONFIRMED: {rec.document['unconfirmed']}. The finished search may recommend another "
                         "config; run the search again to finish it.")
+    corrected = rec.document.get("plan_corrections")
+    if isinstance(corrected, dict) and corrected.get("warning"):
+        warnings.append(f"Plan corrected: {corrected['warning']}.")
     if not rec.measured:
         warnings.append("These figures are predictions: confirm with a measured run before relying on the batch size.")
     if rec.headroom_fraction is not None and rec.headroom_fraction < 0.02:
