@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -64,14 +65,13 @@ def test_stopping_because_another_process_runs_the_last_trial_says_so(tmp_path: 
     env = dict(os.environ, PYTHONPATH=str(ROOT), LMS_TUNER_FAULT="ok@0,ok@1,hang@*")
     holder = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        request = tmp_path / "studies" / STUDY / "trials" / "0002" / "events.jsonl"
-        for _ in range(600):
-            if request.is_file() and request.stat().st_size:
-                break
+        # trial 2 is a bracket of fresh processes (--confirm 2): its first process wrote its first event
+        trial = tmp_path / "studies" / STUDY / "trials" / "0002"
+        deadline = time.monotonic() + 120
+        while not any(p.stat().st_size for p in trial.glob("process-*/events.jsonl")):
             assert holder.poll() is None, holder.communicate()
-            import time
-
-            time.sleep(0.1)
+            assert time.monotonic() < deadline, "the holder's trial 2 did not start within 120 s"
+            time.sleep(0.05)
         other = run_cli(cmd[3:], cwd=tmp_path, env={"LMS_TUNER_FAULT": "ok@*"}, timeout=120)
     finally:
         holder.send_signal(2)
