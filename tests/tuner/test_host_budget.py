@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -84,6 +85,8 @@ def test_simulated_resnet50_search_under_an_8gib_host_budget(tmp_path: Path) -> 
     """3 trials each (no LMS, every tensor swapped lb=1, the schedule=memory variant): about 35 s per search
     on a loaded 2-core machine. --min-throughput-ratio 0.5 lets the unbounded search recommend its largest batch."""
     _, free = _search(tmp_path, "free", "--host-budget", "none")
+    (tmp_path / "studies" / "bound").mkdir()  # the same model: the second search reuses the first's trace
+    shutil.copy(tmp_path / "studies" / "free" / "graph.json", tmp_path / "studies" / "bound" / "graph.json")
     proc, bound = _search(tmp_path, "bound", "--host-budget", "8GiB")
     assert free["host_budget"]["bytes"] is None and free["peak_host_bytes"] > 8 * GiB
     assert bound["host_budget"] == {"bytes": 8 * GiB, "source": "--host-budget"}
