@@ -190,19 +190,12 @@ def test_importing_the_report_package_stays_light():
     assert out.stdout.strip() == "[]"
 
 
-def test_measured_study_page_without_figures():
-    """render_html alone (no plots): a measured study shows the simulator-vs-measurement check."""
+def _frozen_trials(records):
+    """Optuna trials numbered 0.. from `studies.record` attributes (no storage)."""
     import optuna
-
-    from tuner.report.data import report_data
-    from tuner.report.html import render_html
 
     from .studies import DISTRIBUTIONS
 
-    records = [record(n_tensors=0, batch=30, throughput=90.0, peak=900 << 20, backend="gpu", measured=True,
-                      predicted_batch=40, predicted_throughput=100.0),
-               record(n_tensors=4, batch=60, throughput=70.0, peak=950 << 20, backend="gpu", measured=True,
-                      predicted_batch=48, predicted_throughput=70.0)]
     trials = []
     for i, attrs in enumerate(records):
         t = optuna.trial.create_trial(values=[attrs["batch_size"], attrs["throughput"]], user_attrs=attrs,
@@ -210,6 +203,19 @@ def test_measured_study_page_without_figures():
                                       distributions={"n_tensors": DISTRIBUTIONS["n_tensors"]})
         t.number = i
         trials.append(t)
+    return trials
+
+
+def test_measured_study_page_without_figures():
+    """render_html alone (no plots): a measured study shows the simulator-vs-measurement check."""
+    from tuner.report.data import report_data
+    from tuner.report.html import render_html
+
+    records = [record(n_tensors=0, batch=30, throughput=90.0, peak=900 << 20, backend="gpu", measured=True,
+                      predicted_batch=40, predicted_throughput=100.0),
+               record(n_tensors=4, batch=60, throughput=70.0, peak=950 << 20, backend="gpu", measured=True,
+                      predicted_batch=48, predicted_throughput=70.0)]
+    trials = _frozen_trials(records)
     data = report_data("gpu-study", trials, study_attrs={"tuner": {"backend": "gpu"}}, recommendation=None,
                        recommendation_path="studies/gpu-study/recommended.json", generated="now")
     page = render_html(data, {})
@@ -256,23 +262,15 @@ def test_timeline_series_follow_the_recommendation(tmp_path, n_tensors, labels):
 
 def test_the_card_warns_when_the_check_corrected_the_plan():
     """recommended.json's ``plan_corrections`` (`tuner.outputs`) is a warning on the card, as in `tuner best`."""
-    import optuna
-
     from tuner.report.card import recommendation_section
     from tuner.report.data import report_data
     from tuner.report.provenance import Recommendation
 
-    from .studies import DISTRIBUTIONS, recommendation_doc
+    from .studies import recommendation_doc
 
     records = [record(n_tensors=0, batch=30, throughput=90.0, peak=900 << 20),
                record(n_tensors=4, batch=60, throughput=70.0, peak=950 << 20)]
-    trials = []
-    for i, attrs in enumerate(records):
-        t = optuna.trial.create_trial(values=[attrs["batch_size"], attrs["throughput"]], user_attrs=attrs,
-                                      params={"n_tensors": attrs["config"]["n_tensors"]},
-                                      distributions={"n_tensors": DISTRIBUTIONS["n_tensors"]})
-        t.number = i
-        trials.append(t)
+    trials = _frozen_trials(records)
     doc = recommendation_doc(records, 1)
 
     def card(doc):
