@@ -394,13 +394,6 @@ def main(argv: list[str] | None = None) -> int:
         result = _RESULT_OF[request.mode](status="error", reason=f"{type(exc).__name__}: {_summary(exc)}")
         log.exception("worker failed")
     doc = {**result.to_dict(), "wall_s": round(time.monotonic() - start, 3)}
-    if os.environ.get("TMP_TRACE_LOG"):
-        with open(os.environ["TMP_TRACE_LOG"], "a") as _f:
-            _f.write(json.dumps({"mode": request.mode, "workload": getattr(request, "workload", ""),
-                                 "options": dict(getattr(request, "options", {}) or {}), "fault": fault,
-                                 "profile": list(getattr(request, "profile_batches", ()) or ()),
-                                 "wall": doc["wall_s"], "cwd": os.getcwd(),
-                                 "test": os.environ.get("PYTEST_CURRENT_TEST", "")}) + "\n")
     if fault == "rofs":
         import errno  # test-only: the study folder turned read-only under the worker
 
