@@ -14,7 +14,11 @@ TF's executor (default threading: 2 inter-op threads on 2 cores) runs ops, so
 the figures compared are the median of the per-step peaks (the typical step)
 and their minimum (the config in a good schedule). With a single inter-op
 thread the executor ran the forward chain ahead of the swap-outs, and swapping
-every tensor saved almost nothing (seen: 34-38 MiB against 38 without LMS).
+every tensor saved almost nothing (seen: 34-38 MiB against 38 without LMS), and
+on a loaded machine the typical step saves less (the executor's threads get less
+time). With ``schedule="memory"`` the step runs pinned whole (`lms.tf.exact`):
+every step peaks the same to the byte, under any load, so the exact savings are
+asserted on those configs.
 """
 
 from __future__ import annotations
@@ -48,7 +52,11 @@ CONFIGS: dict[str, dict[str, Any] | None] = {
     "n_tensors=4": {"n_tensors": 4},
     "all": {"n_tensors": -1},
     "all,lb=12": {"n_tensors": -1, "lb": 12},
+    # the order pinned (the step pinned whole, lms.tf.exact): every step peaks the same, under any load
+    "n_tensors=4,memory": {"n_tensors": 4, "schedule": "memory"},
+    "all,memory": {"n_tensors": -1, "schedule": "memory"},
 }
+PINNED = ("n_tensors=4,memory", "all,memory")
 
 
 # --- the worker (runs in a fresh process) -------------------------------------------------
@@ -162,11 +170,13 @@ def test_configs_swap_what_they_say(results: dict[str, dict[str, Any]]) -> None:
     # With lb=12 the last activations have no backward op 12 levels before their reader
     # that runs after the forward pass: those are not swapped.
     assert 0 < results["all,lb=12"]["n_swapped"] <= results["all"]["n_swapped"]
-    for name in ("n_tensors=4", "all", "all,lb=12"):
+    for name in ("n_tensors=4", "all", "all,lb=12", *PINNED):
         assert results[name]["swap_ops"] == "emulated"
     # The first four candidates are conv activations; "all" has every conv's.
-    assert results["n_tensors=4"]["swapped_bytes"] == 4 * ACTIVATION_BYTES
+    assert results["n_tensors=4"]["swapped_bytes"] == results["n_tensors=4,memory"]["swapped_bytes"] \
+        == 4 * ACTIVATION_BYTES
     assert results["all"]["swapped_bytes"] >= N_CONV * ACTIVATION_BYTES
+    assert results["all,memory"]["n_swapped"] == results["all"]["n_swapped"]
     for r in results.values():
         m = r["measurement"]
         assert m["peak_source"] == "tf-bfc-cpu" and m["steps"] == STEPS
@@ -176,26 +186,29 @@ def test_configs_swap_what_they_say(results: dict[str, dict[str, Any]]) -> None:
 
 @pytest.mark.slow
 def test_swapping_lowers_the_measured_peak(results: dict[str, dict[str, Any]]) -> None:
-    no_lms, some, every = (peak(results, n) for n in ("no_lms", "n_tensors=4", "all"))
+    no_lms = peak(results, "no_lms")
     # Without LMS the forward activations are all held: several activations' worth.
     assert no_lms >= 5 * ACTIVATION_BYTES
-    # The typical step saves at least two activations with 4 tensors swapped or all
-    # (seen: 36-37 MiB -> 20-23 and 16-21 MiB).
+    # Pinned, every step peaks the same, and the typical step saves at least two activations with 4
+    # tensors swapped and two more with all (seen: 36.9 MiB -> 20.9 and 8.9 MiB, every step).
+    some, every = (peak(results, n) for n in PINNED)
+    for name in PINNED:
+        assert len(set(results[name]["measurement"]["step_peaks_bytes"])) == 1, name
     assert some <= no_lms - 2 * ACTIVATION_BYTES
-    assert every <= no_lms - 2 * ACTIVATION_BYTES
-    # In its best schedule, swapping every tensor goes lower than swapping four
-    # (medians of the two overlap within the schedule noise; seen: 16-17 vs 20-21 MiB).
-    assert best(results, "all") <= best(results, "n_tensors=4")
+    assert every <= some - 2 * ACTIVATION_BYTES
+    # In TF's order the executor's threads decide how far the forward runs ahead of the swap-outs, so the
+    # typical step moves with the machine's load (a CI run beside other jobs: 4 swapped, median 28.9 MiB
+    # against 36.9 without LMS); a good schedule still shows the savings (seen: 16.9 MiB all swapped).
     assert best(results, "all") <= best(results, "no_lms") - 3 * ACTIVATION_BYTES
 
 
 @pytest.mark.slow
 def test_raising_lb_raises_the_peak_back(results: dict[str, dict[str, Any]]) -> None:
     """lb=12 brings every tensor back long before its use: the savings are gone."""
-    every, early, no_lms = (peak(results, n) for n in ("all", "all,lb=12", "no_lms"))
-    # Seen: 44-45 MiB against 16-21 (lb=1) and 36-37 (no LMS): swapped-in copies
-    # made while the forward pass still holds the originals.
-    assert early >= every + 3 * ACTIVATION_BYTES
+    early, no_lms = (peak(results, n) for n in ("all,lb=12", "no_lms"))
+    # Seen: 44-45 MiB against 36-39 (no LMS) and, in the best step, 40-45 against 16-21 (lb=1): swapped-in
+    # copies made while the forward pass still holds the originals. (The typical lb=1 step is not compared:
+    # it moves with the load, see test_swapping_lowers_the_measured_peak.)
     assert early >= no_lms - ACTIVATION_BYTES
     assert best(results, "all,lb=12") >= best(results, "all") + 3 * ACTIVATION_BYTES
 
