@@ -45,7 +45,7 @@ MiB = 1 << 20
 def peak_buffers(graph, config: LMSConfig, batch: int, top: int = 6) -> dict[str, Any]:
     """The simulated peak at `batch` and its largest live buffers."""
     r = simulate(graph, config, batch=batch, device=DEVICE, timeline=True)
-    cg = r._trace.cg  # noqa: SLF001 -- the compiled graph this very simulation ran over
+    cg = r.compiled  # the compiled graph this very simulation ran over
     p = r.peak_index
     sizes = cg.buf_fixed + batch * cg.buf_ps
     live = np.flatnonzero((cg.buf_alloc <= p) & (cg.buf_free >= p) & ~cg.buf_host)

@@ -475,11 +475,13 @@ def test_timeline_is_consistent_with_the_result():
     assert kinds["forward_end"].index == tl.forward_end_index
     assert tl.roles[tl.backward_start_index] == "backward"
     json.dumps(r.to_dict(timeline=True))  # plain data
+    # the compiled graph the run simulated, its ops in the timeline's order
+    assert r.compiled is not None and list(r.compiled.op_names) == list(tl.op_names)
 
 
 def test_timeline_can_be_skipped():
     r = sim(chain(3), batch=1, timeline=False)
-    assert r.timeline is None and r.feasible(r.peak_device_bytes) and not r.feasible(r.peak_device_bytes - 1)
+    assert r.timeline is None and r.compiled is None and r.feasible(r.peak_device_bytes) and not r.feasible(r.peak_device_bytes - 1)
 
 
 def test_batch_must_be_a_positive_int():

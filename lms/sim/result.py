@@ -104,6 +104,12 @@ class SimResult:
         """Samples per second (0 when no time model was given)."""
         return self.batch / self.step_time_s if self.step_time_s > 0 else 0.0
 
+    @property
+    def compiled(self) -> "CompiledGraph | None":
+        """The compiled graph this run simulated (`lms.sim.compiled`: its buffers, sizes and op order), when the
+        run kept its trace (``simulate(..., timeline=True)``); None otherwise."""
+        return self._trace.cg if self._trace is not None else None
+
     @cached_property
     def timeline(self) -> Timeline | None:
         return self._trace.build() if self._trace is not None else None

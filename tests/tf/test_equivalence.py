@@ -248,6 +248,7 @@ def test_the_trial_record_carries_the_checks_corrections(monkeypatch):
     assert corrections_warning(summary).startswith(
         f"the equivalence check dropped this config's whole plan, {n} correction")
 
-    whole = lms.function(*distillation()[:1], config=lms.LMSConfig(incl_types=["Reshape"]), emulate=True)
-    whole(*distillation()[1])
+    step, args = distillation()
+    whole = lms.function(step, config=lms.LMSConfig(incl_types=["Reshape"]), emulate=True)
+    whole(*args)
     assert "n_corrections" not in lms_summary_record(whole) and corrections_warning(lms_summary_record(whole)) == ""
