@@ -248,7 +248,8 @@ def exact_order(nodes: Sequence[Node], schedule_order: Sequence[str] = (), *, on
             direct = set(preds[there[0]])
             edges.extend((x, there[0]) for x in leaving if x not in direct)
         k += len(here)
-    placed = sum(1 for n in nodes if n.name in set(schedule_order))
+    scheduled = set(schedule_order)  # once: a set per node made this quadratic (4 s on ResNet-50's 5,885 nodes)
+    placed = sum(1 for n in nodes if n.name in scheduled)
     out = ExactOrder(order=tuple(order), edges=tuple(edges), merged=merged, fused=fused, n_placed=placed,
                      n_chained=len(chain))
     out.validate(nodes)
