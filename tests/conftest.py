@@ -62,7 +62,7 @@ def pytest_xdist_auto_num_workers(config) -> int:  # noqa: ARG001
     Three workers on two cores were tried: 921 s instead of 1,059 s for the suite, but two
     load-sensitive tests failed (the emulated device's swap-lowers-the-peak bound and two searches
     sharing a journal study), so one per core. Tried again once both were fixed (2026-12-03): every
-    test passed with three, in 1,114.7 s against 1,029.9-1,151.2 s with two, so no gain. Nor did one
+    test passed with three, in 1,114.7 s against 1,030-1,226 s with two, so no gain. Nor did one
     intra-op thread per worker (``TF_NUM_INTRAOP_THREADS=1``) change a two-file run's time.
 
     Tests of one file run in one worker (``--dist loadfile``): the models and studies a file
