@@ -52,19 +52,23 @@ class BFCAllocator:
         self.prev: list[int] = []
         self.next: list[int] = []
         self.bins: list[list[tuple[int, int, int]]] = [[] for _ in range(_BINS)]
+        self._nonempty = 0  # bit b: bins[b] holds a free chunk
 
     def reset_peak(self) -> None:
         self.peak = self.in_use
 
     def allocate(self, nbytes: int) -> int:
         """Allocate; return the chunk id."""
-        rounded = _round(nbytes)
+        return self.allocate_rounded(_round(nbytes))
+
+    def allocate_rounded(self, rounded: int) -> int:
+        """`allocate` of a size already rounded (`_round`)."""
         chunk = self._find(rounded)
         if chunk < 0:
             self._extend(rounded)
             chunk = self._find(rounded)
             if chunk < 0:  # pragma: no cover - _extend always makes room
-                raise MemoryError(f"BFC replay: cannot allocate {nbytes} bytes")
+                raise MemoryError(f"BFC replay: cannot allocate {rounded} bytes")
         return chunk
 
     def free(self, chunk: int) -> None:
@@ -90,32 +94,52 @@ class BFCAllocator:
         return len(self.ptr) - 1
 
     def _bin(self, chunk: int) -> None:
-        bisect.insort(self.bins[_bin_for(self.size[chunk])], (self.size[chunk], self.ptr[chunk], chunk))
+        size = self.size[chunk]
+        b = (size >> 8).bit_length() - 1  # `_bin_for`, inline: sizes here are rounded, >= 256
+        if b >= _BINS:
+            b = _BINS - 1
+        bisect.insort(self.bins[b], (size, self.ptr[chunk], chunk))
+        self._nonempty |= 1 << b
 
     def _unbin(self, chunk: int) -> None:
-        entries = self.bins[_bin_for(self.size[chunk])]
-        i = bisect.bisect_left(entries, (self.size[chunk], self.ptr[chunk], chunk))
-        del entries[i]
+        size = self.size[chunk]
+        b = (size >> 8).bit_length() - 1
+        if b >= _BINS:
+            b = _BINS - 1
+        entries = self.bins[b]
+        del entries[bisect.bisect_left(entries, (size, self.ptr[chunk], chunk))]
+        if not entries:
+            self._nonempty &= ~(1 << b)
 
     def _find(self, rounded: int) -> int:
-        for b in range(_bin_for(rounded), _BINS):
-            entries = self.bins[b]
-            i = bisect.bisect_left(entries, (rounded, -1, -1))
-            if i == len(entries):
-                continue
-            size, _, chunk = entries.pop(i)
-            if size >= 2 * rounded or size - rounded >= _MAX_INTERNAL_FRAGMENTATION:
-                rest = self._new_chunk(self.ptr[chunk] + rounded, size - rounded, chunk, self.next[chunk])
-                if self.next[chunk] >= 0:
-                    self.prev[self.next[chunk]] = rest
-                self.next[chunk] = rest
-                self.size[chunk] = rounded
-                self._bin(rest)
-            self.used[chunk] = True
-            self.in_use += self.size[chunk]
-            self.peak = max(self.peak, self.in_use)
-            return chunk
-        return -1
+        b = (rounded >> 8).bit_length() - 1
+        if b >= _BINS:
+            b = _BINS - 1
+        entries = self.bins[b]
+        i = bisect.bisect_left(entries, (rounded, -1, -1)) if entries else 0
+        if i == len(entries):
+            # every chunk in a higher bin is larger than `rounded`: the best fit is the first entry (smallest
+            # size, then address) of the first non-empty one
+            higher = self._nonempty >> (b + 1)
+            if not higher:
+                return -1
+            b += (higher & -higher).bit_length()
+            entries, i = self.bins[b], 0
+        size, _, chunk = entries.pop(i)
+        if not entries:
+            self._nonempty &= ~(1 << b)
+        if size >= 2 * rounded or size - rounded >= _MAX_INTERNAL_FRAGMENTATION:
+            rest = self._new_chunk(self.ptr[chunk] + rounded, size - rounded, chunk, self.next[chunk])
+            if self.next[chunk] >= 0:
+                self.prev[self.next[chunk]] = rest
+            self.next[chunk] = rest
+            self.size[chunk] = rounded
+            self._bin(rest)
+        self.used[chunk] = True
+        self.in_use += self.size[chunk]
+        if self.in_use > self.peak:
+            self.peak = self.in_use
+        return chunk
 
     def _merge(self, a: int, b: int) -> int:
         """Merge chunk b into its predecessor a (both free, unbinned)."""
@@ -200,9 +224,10 @@ def replay_bfc(*, resident_sizes: list[int], pinned_sizes: list[int], alloc: np.
     ids = np.concatenate([ids, np.arange(steal_pos.size)])
     order = np.lexsort((kinds, keys))
     program = list(zip(kinds[order].tolist(), ids[order].tolist()))
-    size_list = sizes.tolist()
-    temp_list = temp.tolist()
+    rounded = [_round(n) for n in sizes.tolist()]  # each buffer's request, rounded once
+    temp_rounded = [_round(n) if n > 0 else 0 for n in temp.tolist()]
     stolen = {value for _, value, _ in steals}
+    allocate, free_chunk = bfc.allocate_rounded, bfc.free
     live = live_peak = 0
     for step in range(warmup_steps + steps):
         if step == warmup_steps:
@@ -211,26 +236,28 @@ def replay_bfc(*, resident_sizes: list[int], pinned_sizes: list[int], alloc: np.
         chunk_of: dict[int, int] = {}
         for kind, i in program:
             if kind == 0:
-                chunk_of[i] = bfc.allocate(size_list[i])
-                live += _round(size_list[i])
+                chunk_of[i] = allocate(rounded[i])
+                live += rounded[i]
             elif kind == 2:
-                c = bfc.allocate(temp_list[i])
-                live_peak = max(live_peak, live + _round(temp_list[i]))
-                bfc.free(c)
+                c = allocate(temp_rounded[i])
+                if live + temp_rounded[i] > live_peak:
+                    live_peak = live + temp_rounded[i]
+                free_chunk(c)
                 continue
             elif kind == 3:
                 _, value, res = steals[i]
                 if value in chunk_of:
-                    bfc.free(resident[res])
+                    free_chunk(resident[res])
                     resident[res] = chunk_of.pop(value)
-                    live -= _round(size_list[value])
+                    live -= rounded[value]
                 continue
             else:
                 if i in chunk_of:
-                    bfc.free(chunk_of.pop(i))
-                    live -= _round(size_list[i])
+                    free_chunk(chunk_of.pop(i))
+                    live -= rounded[i]
                 elif i not in stolen:
                     continue
-            live_peak = max(live_peak, live)
+            if live > live_peak:
+                live_peak = live
     base = sum(_round(s) for s in resident_sizes) + sum(_round(s) for s in pinned_sizes)
     return BFCReplay(peak_bytes_in_use=bfc.peak, peak_live_bytes=live_peak + base, reserved_bytes=bfc.reserved)
