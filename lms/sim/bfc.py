@@ -95,7 +95,7 @@ class BFCAllocator:
 
     def _bin(self, chunk: int) -> None:
         size = self.size[chunk]
-        b = (size >> 8).bit_length() - 1  # `_bin_for`, inline: sizes here are rounded, >= 256
+        b = (size >> 8).bit_length() - 1  # TF's bin: floor(log2(size / 256)), the last bin open-ended
         if b >= _BINS:
             b = _BINS - 1
         bisect.insort(self.bins[b], (size, self.ptr[chunk], chunk))
@@ -169,10 +169,6 @@ class BFCAllocator:
 
 def _round(n: int) -> int:
     return max(_MIN, -(-int(n) // _MIN) * _MIN)
-
-
-def _bin_for(size: int) -> int:
-    return min(max(int(size) >> 8, 1).bit_length() - 1, _BINS - 1)
 
 
 @dataclass(frozen=True)
