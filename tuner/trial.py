@@ -34,7 +34,7 @@ from .protocol import (DescribeRequest, DescribeResult, Envelope, MeasureRequest
 from .records import corrections_summary
 from .worker import PARENT_PID_ENV, PARENT_PIPE_ENV
 
-__all__ = ["main", "lms_summary_record"]
+__all__ = ["main", "exit_now", "lms_summary_record"]
 
 log = logging.getLogger(__name__)
 
@@ -445,6 +445,30 @@ def _watch_parent() -> None:
 
 
 
+def exit_now(code: int) -> None:
+    """End this worker process with `code` without the interpreter's teardown.
+
+    Exit handlers (``atexit``, the model's and TensorFlow's) and logging still
+    run and stdout/stderr are flushed; what is skipped is the interpreter's
+    finalisation of every module and object TensorFlow left behind, which took
+    1.9-2.0 s after a ResNet-50 64x64 step had run against 0.1 s this way
+    (MEASURED, 2026-12-04, 2-core CPU), paid by every fresh process of a search.
+    Only for a normal return from `main`: its result is written (atomically) by then.
+    """
+    import atexit
+
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's; elsewhere exit the usual way
+    if run_exit_handlers is None:
+        sys.exit(code)
+    run_exit_handlers()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -94,4 +94,7 @@ def main(spec: dict) -> dict:
 
 
 if __name__ == "__main__":
+    from tuner.trial import exit_now
+
     print(json.dumps(main(json.loads(sys.argv[1]))))
+    exit_now(0)  # without TF's teardown (about 2 s)

@@ -224,4 +224,7 @@ def test_training_is_bitwise_identical(results: dict[str, dict[str, Any]]) -> No
 
 
 if __name__ == "__main__":
+    from tuner.trial import exit_now
+
     print(json.dumps(worker(json.loads(sys.argv[1]))))
+    exit_now(0)  # without TF's teardown (about 2 s)

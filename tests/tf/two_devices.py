@@ -144,4 +144,7 @@ def main(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    from tuner.trial import exit_now
+
     main(sys.argv[1:])
+    exit_now(0)  # without TF's teardown (about 2 s)

@@ -122,3 +122,28 @@ def test_worker_without_a_result_is_a_machine_error_queued_again() -> None:
                          PRED, backend=get_backend("emulated"), usable=100 * MiB, trial_dir=Path("/t"))
     assert r.failed and r.requeue and r.status == "machine_error"
     assert "not the config" in r.reason and "/tmp/w.log" in r.reason
+
+
+def test_exit_now_runs_exit_handlers_flushes_and_keeps_the_code(tmp_path: Path) -> None:
+    """A worker ends without the interpreter's teardown, but nothing it was to say or write is lost."""
+    import subprocess
+    import sys
+
+    code = f"""
+import atexit, logging, sys
+from tuner.trial import exit_now
+atexit.register(lambda: open({str(tmp_path / 'atexit')!r}, 'w').write('ran'))
+handler = logging.FileHandler({str(tmp_path / 'log')!r})
+logging.getLogger().addHandler(handler)
+logging.getLogger().warning('last log line')
+sys.stdout.write('unflushed stdout')
+sys.stderr.write('unflushed stderr')
+exit_now(3)
+raise SystemExit('not reached')
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == "unflushed stdout" and proc.stderr == "unflushed stderr"
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert (tmp_path / "log").read_text() == "last log line\n"
