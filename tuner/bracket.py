@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-__all__ = ["CONFIRMATIONS_ATTR", "METHOD", "RULE", "VERDICT", "next_batch", "verdicts", "ends",
+__all__ = ["CONFIRMATIONS_ATTR", "METHOD", "RULE", "VERDICT", "next_batch", "start_from_peaks", "start_origin", "verdicts", "ends",
            "confirmed_figures", "stored_confirmations", "verdict_word"]
 
 CONFIRMATIONS_ATTR = "confirmations"
@@ -84,6 +84,39 @@ def next_batch(runs: Sequence[Mapping[str, Any]], *, start: int, repeats: int, c
     return lo if len(by_batch[lo]) < repeats else None
 
 
+def start_from_peaks(peaks: Mapping[int, int], *, usable: int, cap: int) -> int | None:
+    """The batch at which the line through two measured peaks meets `usable` (None: no such line).
+
+    `peaks`: batch -> allocator peak in bytes of the plain step in TensorFlow's own order,
+    measured by the trace worker while it profiled op times (``graph.json``'s
+    ``plain_peaks``). The no-LMS baseline's bracket starts there rather than at the
+    simulator's batch, which cannot know TF's order: ResNet-50 64x64 on the 547.2 MiB
+    of the default emulated search, the simulator said 34-35 where fresh processes
+    fitted 26-29, and each process the bracket spent stepping down from 34 cost about
+    27 s (shrink steps are small: a process that does not fit stops at its first step
+    over the budget, so its peak says little about how far over the batch is). Only a
+    start: the fresh processes decide. The two batches furthest apart are used.
+
+        >>> start_from_peaks({4: 400, 16: 1000}, usable=1500, cap=4096)
+        26
+    """
+    pts = sorted((int(b), int(p)) for b, p in peaks.items() if int(b) >= 1 and int(p) > 0)
+    if len(pts) < 2:
+        return None
+    (b0, p0), (b1, p1) = pts[0], pts[-1]
+    if b1 == b0 or p1 <= p0:
+        return None
+    per_sample = (p1 - p0) / (b1 - b0)
+    return max(1, min(int(cap), b0 + math.floor((usable - p0) / per_sample)))
+
+
+def start_origin(conf: Mapping[str, Any]) -> str:
+    """Whose batch a bracket's first process ran, in words: ``the simulator's`` (the default), ``the measured
+    peaks'`` (the no-LMS baseline, `start_from_peaks`) or ``the trial's`` (`confirmed_figures`'s ``start_from``)."""
+    return {"measured peaks": "the measured peaks'", "trial": "the trial's"}.get(str(conf.get("start_from") or ""),
+                                                                                  "the simulator's")
+
+
 def verdicts(runs: Sequence[Mapping[str, Any]]) -> tuple[dict[int, list[bool]], dict[int, int]]:
     """Per batch: the verdicts of the processes that gave one (`VERDICT`), and the highest peak seen."""
     by_batch: dict[int, list[bool]] = {}
@@ -124,7 +157,8 @@ def confirmed_figures(trial: Any, confirmations: Mapping[str, Any] | None) -> di
     repeat asked (False: the time limit came first; ``batch_size`` did fit a fresh process); ``tried`` every
     process's batch and verdict in order; ``fits`` how many processes fitted ``batch_size``;
     ``smallest_failing`` the bracket's ``hi`` (None: nothing failed); ``start`` the first process's batch
-    (the simulator's for the config; None in older studies, which started at the trial's); ``trial_batch``
+    (the simulator's for the config, or for the no-LMS baseline the one its measured peaks point at:
+    ``start_from`` says which; None in older studies, which started at the trial's); ``trial_batch``
     the batch the trial's own in-process search found (None: the trial was these processes, the default);
     ``unconfirmed`` the processes that gave no verdict (killed, timed out, failed).
     """
@@ -145,6 +179,7 @@ def confirmed_figures(trial: Any, confirmations: Mapping[str, Any] | None) -> di
             "step_time_median_s": fastest.get("step_time_median_s"), "process": fastest["process"],
             "processes": len(runs), "fits": len(at), "smallest_failing": hi, "closed": bool(entry.get("closed")),
             "trial_batch": trial_batch, "start": entry.get("start"),
+            "start_from": entry.get("start_from") or ("simulator" if entry.get("start") else None),
             "tried": [[int(r["batch"]), verdict_word(r.get("status"))] for r in runs],
             "runs": runs,
             "unconfirmed": [{"process": r["process"], "batch": r["batch"], "status": r.get("status"),

@@ -46,7 +46,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .bracket import (CONFIRMATIONS_ATTR, METHOD, RULE, VERDICT, confirmed_figures, next_batch,
                       stored_confirmations, verdict_word)
@@ -125,7 +125,8 @@ def measure_trial(run: "SearchRun", backend: "Backend", config: Any, number: int
                   ) -> FreshRuns | None:
     """Trial `number`: bracket `config`'s largest batch in fresh processes, each batch once (None: stopped).
 
-    From the simulator's batch for the config (1 when it predicts none fits);
+    From the simulator's batch for the config (1 when it predicts none fits), or for the
+    no-LMS baseline from the plain step's measured peaks (`SearchRun.plain_start`);
     the runs are stored after each process. A process that gives no verdict
     ends the bracket (`FreshRuns.no_verdict`: the trial's record says why).
     """
@@ -134,9 +135,9 @@ def measure_trial(run: "SearchRun", backend: "Backend", config: Any, number: int
         entry = _entry_for(run, config, number)
     pred = run.predict(config)
     runs = list(entry.get("runs") or []) if entry.get("method") == METHOD else []
-    start = int(entry.get("start") or (pred.batch if pred.batch > 0 else 1))
-    entry = {"config": config.to_dict(), "method": METHOD, "fresh_trial": True, "start": start, "runs": runs,
-             "closed": False, "repeats": 1}
+    start, start_from = _start(run, entry, config, pred, fallback=(1, "simulator"))
+    entry = {"config": config.to_dict(), "method": METHOD, "fresh_trial": True, "start": start,
+             "start_from": start_from, "runs": runs, "closed": False, "repeats": 1}
     while True:
         batch = next_batch(runs, start=start, repeats=1, cap=s.max_batch, usable=run.usable,
                            slope=pred.slope_bytes_per_sample, max_processes=1 + EXTRA_PROCESSES)
@@ -207,7 +208,8 @@ def _side_by_side(run: "SearchRun", backend: "Backend", trials: list[Any], *, gp
         # the simulator's batch, not the trial's: a trial's in-process batch depends on its probe path, and
         # fresh-process peaks are jagged in the batch (ResNet-50 64x64, n_tensors=170, lb=1, memory: 160
         # peaked 575.3 MB, over the 573.8 usable, 161 567.1, 175 573.3, each to the byte in every process)
-        start = int(entry.get("start") or (pred.batch if pred.batch > 0 else t.user_attrs["batch_size"]))
+        start, start_from = _start(run, entry, _config(t), pred, fallback=(int(t.user_attrs["batch_size"]), "trial"))
+        entry = {**entry, "start_from": start_from}
         state[t.number] = (t, entry, runs, start, pred)
     open_ = list(state)
     while open_:
@@ -234,6 +236,19 @@ def _side_by_side(run: "SearchRun", backend: "Backend", trials: list[Any], *, gp
             runs.append({**got[0], "side_by_side": True})
             _store(run, number, {**base_entry, "runs": runs, "closed": False})
     return True
+
+
+def _start(run: "SearchRun", entry: Mapping[str, Any], config: Any, pred: Any, *,
+           fallback: tuple[int, str]) -> tuple[int, str]:
+    """Where a config's bracket starts, and from what (``simulator``, ``measured peaks``, ``trial``): the stored
+    start (a resumed bracket), else the plain step's measured peaks for the no-LMS baseline
+    (`SearchRun.plain_start`), else the simulator's batch (`fallback` when it predicts none fits)."""
+    if entry.get("start"):
+        return int(entry["start"]), str(entry.get("start_from") or "simulator")
+    plain = run.plain_start(config)
+    if plain:
+        return plain, "measured peaks"
+    return (int(pred.batch), "simulator") if pred.batch > 0 else fallback
 
 
 def _config(t: Any) -> Any:

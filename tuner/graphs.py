@@ -20,7 +20,7 @@ from .protocol import DescribeRequest, TraceRequest
 from .settings import SearchSettings
 from .worker import run_worker, worker_env
 
-__all__ = ["load_graph", "load_op_costs", "derive_emulated_budget", "describe_user_workload"]
+__all__ = ["load_graph", "load_op_costs", "load_plain_peaks", "derive_emulated_budget", "describe_user_workload"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,17 @@ def load_op_costs(settings: SearchSettings) -> Any:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("no measured op times (%s); the simulator uses its roofline", exc)
         return None
+
+
+def load_plain_peaks(settings: SearchSettings) -> dict[int, int]:
+    """batch -> allocator peak of the plain step the trace worker measured while profiling (empty: none)."""
+    try:
+        doc = json.loads((settings.study_dir / "graph.json").read_text(encoding="utf-8"))
+        got = doc.get("plain_peaks") or {}
+        return {int(b): int(p) for b, p in zip(got.get("batches", ()), got.get("peak_bytes", ()), strict=True)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("no measured peaks of the plain step (%s); the baseline starts at the simulator's batch", exc)
+        return {}
 
 
 def load_graph(settings: SearchSettings, *, should_stop: Callable[[], bool] | None = None) -> Any:

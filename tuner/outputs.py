@@ -28,7 +28,7 @@ from . import RECOMMENDATION_SCHEMA
 from . import RECOMMENDATION_VERSION as SCHEMA_VERSION
 from .backends import Backend, get_backend
 from .budget import format_bytes
-from .bracket import CONFIRMATIONS_ATTR, confirmed_figures
+from .bracket import CONFIRMATIONS_ATTR, confirmed_figures, start_origin
 from .knobs import KNOB_TABLE, KnobTable
 from .records import corrections_warning
 from .selection import Confirmed, baseline_trial, feasible_trials, select_recommendation, throughput_peak_front
@@ -55,11 +55,12 @@ def _confirmation_line(conf: Mapping[str, Any]) -> str:
     process: 175 no, 170 fits, 171 no, 170 fits)``."""
     hi = conf.get("smallest_failing")
     tried = ", ".join(f"{b} {v}" for b, v in conf.get("tried") or ())
+    source = start_origin(conf)
     if conf.get("trial_batch") is None:  # the trial was these processes (the default)
-        origin = f" (from the simulator's {conf['start']}" if conf.get("start") else " ("
+        origin = f" (from {source} {conf['start']}" if conf.get("start") else " ("
     else:
         origin = (f" (the trial's {conf['trial_batch']}"
-                  + (f", the simulator's {conf['start']}" if conf.get("start") else ""))
+                  + (f", {source} {conf['start']}" if conf.get("start") else ""))
     return (f"batch {conf['batch_size']} fitted in {conf['fits']} fresh process{'es' if conf['fits'] != 1 else ''}"
             + (f", {hi} did not" if hi is not None else "")
             + origin + ("; " if origin != " (" else "") + f"one batch per process: {tried})"
@@ -77,7 +78,7 @@ def _figures(t: Any) -> dict[str, Any]:
 
 #: What recommended.json's ``confirmation`` holds of `tuner.confirm.confirmed_figures` (plus ``runs`` and
 #: ``rule`` for the recommendation itself).
-_CONFIRMATION_KEYS = ("batch_size", "closed", "processes", "fits", "process", "trial_batch", "start",
+_CONFIRMATION_KEYS = ("batch_size", "closed", "processes", "fits", "process", "trial_batch", "start", "start_from",
                       "smallest_failing", "tried", "unconfirmed")
 
 

@@ -40,7 +40,7 @@ from .confirm import fresh_process_trials
 from .batch import Prediction, predict_max_batch, usable_bytes
 from .budget import format_bytes
 from .environment import host_memory_bytes, tensorflow_distribution
-from .graphs import derive_emulated_budget, load_graph, load_op_costs
+from .graphs import derive_emulated_budget, load_graph, load_op_costs, load_plain_peaks
 from .progress import Progress
 from .records import counted
 from .recovery import recover_stale_trials
@@ -140,6 +140,7 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
         progress.phase("tracing")
         graph = load_graph(settings)
         op_costs = load_op_costs(settings) if backend.profiles_op_times else None
+        plain_peaks = load_plain_peaks(settings) if backend.profiles_op_times else {}
         if op_costs is not None:
             notes.append(f"simulator op times: measured on this CPU ({op_costs.source})")
         elif backend.profiles_op_times:
@@ -196,7 +197,7 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
                 return predictions[key]
 
         run = SearchRun(main=main, storage=storage, space=space, settings=settings, usable=usable, predict=predict,
-                        deadline=deadline, progress=progress, ask_lock=ask_lock, attrs=attrs)
+                        deadline=deadline, progress=progress, ask_lock=ask_lock, attrs=attrs, plain_peaks=plain_peaks)
         ran = screened = 0
         finished = False
         try:

@@ -95,13 +95,19 @@ def _trace(request: TraceRequest, events: _Events) -> TraceResult:
            "workload": workload.describe(), "tensorflow": tf.__version__,
            "trace_s": round(time.monotonic() - start, 3), "graph": graph.to_dict()}
     if request.profile_batches:
-        doc["op_costs"] = _profile(traced[1], workload, list(request.profile_batches), events)
+        peaks: dict[int, int] = {}
+        doc["op_costs"] = _profile(traced[1], workload, list(request.profile_batches), events, peaks)
+        if doc["op_costs"] and len(peaks) >= 2:
+            # the plain step's allocator peaks (TF's order, one inter-op thread, as the emulated trials run):
+            # where the no-LMS baseline's bracket of fresh processes starts (`tuner.bracket.start_from_peaks`)
+            doc["plain_peaks"] = {"batches": sorted(peaks), "peak_bytes": [peaks[b] for b in sorted(peaks)]}
     atomic_write_text(request.output, json.dumps(doc) + "\n")
     return TraceResult(status="ok", n_ops=len(graph.ops), trace_s=doc["trace_s"], tensorflow=tf.__version__,
                        op_costs=bool(doc.get("op_costs")))
 
 
-def _profile(step: Any, workload: Any, batches: list[int], events: _Events) -> dict[str, Any] | None:
+def _profile(step: Any, workload: Any, batches: list[int], events: _Events,
+             peaks: dict[int, int] | None = None) -> dict[str, Any] | None:
     """Per-op times of the traced step on this CPU (`lms.tf.profile`), or None if profiling failed.
 
     At ``batches`` when two are given (the search's default: fixed batches, so
@@ -109,7 +115,8 @@ def _profile(step: Any, workload: Any, batches: list[int], events: _Events) -> d
     one, from it at the batch whose step takes about a second and a quarter of it
     (`lms.tf.profile.profile_batches`). Run with one inter-op thread (set in
     `_trace`), as the emulated trials run; a failed profile only costs the
-    simulator its measured times (it falls back to its roofline).
+    simulator its measured times (it falls back to its roofline). `peaks`, when
+    given, gets each batch's allocator peak over its warm-up calls.
     """
     import tensorflow as tf
 
@@ -124,7 +131,7 @@ def _profile(step: Any, workload: Any, batches: list[int], events: _Events) -> d
         # two batches given: exactly those (the same op times whatever the load; see `tuner.graphs`)
         batches = batches[:2] if len(batches) >= 2 else list(profile_batches(step, make_args, batches[0]))
         events.emit("phase", phase="profiling", batches=batches)
-        costs = profile_op_costs(step, make_args, batches=batches)
+        costs = profile_op_costs(step, make_args, batches=batches, peaks=peaks)
     except Exception as exc:  # noqa: BLE001 - any failure: no measured op times, say why
         events.emit("warning", message=f"profiling the step failed ({_first_line(exc)}); "
                     "the simulator times ops with its roofline")

@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 
 def profile_op_costs(step: Callable[..., Any], make_args: Callable[[int], Sequence[Any]], *,
-                     batches: Sequence[int] = (8, 16), warmup: int = 2) -> OpCosts:
+                     batches: Sequence[int] = (8, 16), warmup: int = 2,
+                     peaks: dict[int, int] | None = None) -> OpCosts:
     """Per-op seconds of `step` at each of `batches`, fitted affine in the batch.
 
     Args:
@@ -42,6 +43,10 @@ def profile_op_costs(step: Callable[..., Any], make_args: Callable[[int], Sequen
         batches: one or two batch sizes (two give fixed + per-sample costs).
         warmup: untraced calls per batch size first (tracing, Grappler, the
             executor's first runs).
+        peaks: when given, filled with each batch's allocator peak over its
+            warm-up calls (bytes, ``tf.config.experimental.get_memory_info``
+            on the CPU; reset before them; the profiled call is not counted).
+            Missing where TF keeps no such statistic.
 
     Raises:
         ValueError: bad `batches`, or the profile held no op events (then the
@@ -55,8 +60,12 @@ def profile_op_costs(step: Callable[..., Any], make_args: Callable[[int], Sequen
     measured: dict[int, dict[str, float]] = {}
     for batch in batches:
         args = tuple(make_args(batch))
+        if peaks is not None:
+            _reset_peak()
         for _ in range(warmup):
             synchronise(step(*args), on_gpu=False)
+        if peaks is not None and (peak := _peak()):
+            peaks[batch] = peak
         logdir = tempfile.mkdtemp(prefix="lms-profile-")
         try:
             tf.profiler.experimental.start(logdir)
@@ -72,6 +81,24 @@ def profile_op_costs(step: Callable[..., Any], make_args: Callable[[int], Sequen
         log.debug("profiled batch %d: %d ops, %.3f s of op time", batch, len(measured[batch]),
                   sum(measured[batch].values()))
     return OpCosts.fit(measured, source=f"tf.profiler, one step at each batch {batches}, TF {tf.__version__}")
+
+
+def _reset_peak() -> None:
+    import tensorflow as tf
+
+    try:
+        tf.config.experimental.reset_memory_stats("CPU:0")
+    except (ValueError, RuntimeError):  # an allocator without statistics
+        pass
+
+
+def _peak() -> int | None:
+    import tensorflow as tf
+
+    try:
+        return int(tf.config.experimental.get_memory_info("CPU:0")["peak"]) or None
+    except (ValueError, RuntimeError, KeyError):
+        return None
 
 
 def xplane_events(logdir: str) -> Iterator[tuple[Any, Any, Any, str]]:

@@ -303,7 +303,8 @@ _PROFILE_SCRIPT = textwrap.dedent("""
     from tests.tf.test_measure import batch_of, small_cnn, train_step_for
     from lms.tf.profile import profile_op_costs
     step = train_step_for(small_cnn())
-    costs = profile_op_costs(step, batch_of, batches=(16, 64))
+    peaks = {}
+    costs = profile_op_costs(step, batch_of, batches=(16, 64), peaks=peaks)
     x, y = batch_of(128)
     with tf.experimental.function_executor_type("SINGLE_THREADED_EXECUTOR"):
         for _ in range(2):
@@ -318,7 +319,7 @@ _PROFILE_SCRIPT = textwrap.dedent("""
     except ValueError as exc:
         error = str(exc)
     print(json.dumps({"costs": costs.to_dict(), "wall": wall, "predicted": costs.step_seconds(128),
-                      "error": error}))
+                      "error": error, "peaks": peaks, "input_bytes": int(x.numpy().nbytes // 128)}))
 """)
 
 
@@ -340,6 +341,10 @@ def test_profiled_op_times_add_up_to_the_step() -> None:
     # catch a unit or a double count, not noise (seen: 1.68x once in CI, 0.9-1.3x usually).
     assert 0.4 * out["wall"] <= out["predicted"] <= 2.5 * out["wall"], out["predicted"] / out["wall"]
     assert "give one or two batch sizes" in out["error"]
+    # each batch's allocator peak over its warm-up calls (where the tuner starts the no-LMS baseline's bracket):
+    # it grows with the batch by at least the 48 more samples' inputs
+    peaks = {int(b): p for b, p in out["peaks"].items()}
+    assert sorted(peaks) == [16, 64] and peaks[64] - peaks[16] >= 48 * out["input_bytes"] > 0, peaks
 
 
 def test_argument_validation() -> None:

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
+from tuner.bracket import start_from_peaks
 from tuner.confirm import CONFIRMATIONS_ATTR, METHOD, confirmed_figures, next_batch
 from tuner.faults import injected_fault
 
@@ -324,6 +325,43 @@ def test_the_throughput_is_the_fastest_process_at_the_batch_bracket_or_repeat() 
     assert (got["throughput"], got["process"], got["fits"], got["trial_batch"]) == (45.0, 1, 2, None)
 
 
+def test_start_from_peaks_is_where_the_line_through_two_measured_peaks_meets_the_budget() -> None:
+    mib = 1 << 20
+    # ResNet-50 64x64's plain step as the default search's trace worker measured it (batches 4 and 16), against
+    # its 547.2 MiB usable: 25 (fresh processes of the no-LMS baseline fitted 26-29; the simulator said 34-35)
+    assert start_from_peaks({4: 371_324_928, 16: 486_310_912}, usable=int(547.2 * mib), cap=4096) == 25
+    assert start_from_peaks({16: 1000, 4: 400, 8: 10**9}, usable=1500, cap=4096) == 26  # the two furthest apart
+    assert start_from_peaks({4: 400, 16: 1000}, usable=1500, cap=20) == 20  # capped
+    assert start_from_peaks({4: 400, 16: 1000}, usable=100, cap=4096) == 1  # under the first: 1
+    assert start_from_peaks({4: 400}, usable=1500, cap=4096) is None  # one point: no line
+    assert start_from_peaks({4: 400, 16: 400}, usable=1500, cap=4096) is None  # flat: no line
+    assert start_from_peaks({}, usable=1500, cap=4096) is None
+
+
+def test_the_baseline_bracket_starts_where_the_plain_steps_measured_peaks_point(tmp_path: Path, seed_graph) -> None:
+    """The trace worker's measured peaks of the plain step (``graph.json``'s ``plain_peaks``) start the no-LMS
+    baseline's bracket; every LMS config still starts at the simulator's batch; the outputs say which."""
+    path = seed_graph(tmp_path / "studies", STUDY)
+    graph = json.loads(path.read_text())
+    mib = 1 << 20
+    graph["plain_peaks"] = {"batches": [4, 16], "peak_bytes": [90 * mib, 102 * mib]}  # 1 MiB a sample
+    path.write_text(json.dumps(graph))
+    doc = _search(tmp_path, fault="fits120@*,fits30@0", trials="2")
+    expected = 4 + (doc["usable_bytes"] - 90 * mib) // mib
+    assert 20 < expected < 40  # near the baseline's 30, where the simulator starts elsewhere
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'studies' / STUDY / 'study.db'}")
+    trials = sorted((t for t in study.get_trials() if t.user_attrs.get("measured")), key=lambda t: t.number)
+    stored = study.user_attrs[CONFIRMATIONS_ATTR]
+    base, pick = (stored[str(t.number)] for t in trials)
+    assert trials[0].user_attrs["config"]["n_tensors"] == 0
+    assert base["start"] == expected != trials[0].user_attrs["predicted_batch"]
+    assert base["start_from"] == "measured peaks" and base["runs"][0]["batch"] == expected
+    assert pick["start"] == trials[1].user_attrs["predicted_batch"] and pick["start_from"] == "simulator"
+    assert doc["baseline"]["batch_size"] == 30 and doc["batch_size"] == 120 and doc["confirmed"] is True
+    assert doc["baseline"]["confirmation"]["start_from"] == "measured peaks"
+    assert doc["confirmation"]["start_from"] == "simulator"
+
+
 def test_the_baseline_runs_its_fresh_processes_while_the_screen_simulates(tmp_path: Path, seed_graph) -> None:
     seed_graph(tmp_path / "studies", STUDY)
     doc = _search(tmp_path, "--screen-trials", "8", fault="fits120@*,fits30@0", trials="2")
@@ -333,3 +371,16 @@ def test_the_baseline_runs_its_fresh_processes_while_the_screen_simulates(tmp_pa
     base = next(t for t in study.get_trials() if t.user_attrs.get("warm_start"))
     assert base.datetime_start < max(t.datetime_complete for t in screen.get_trials() if t.datetime_complete)
     assert doc["baseline"]["batch_size"] == 30 and doc["confirmed"] is True
+
+
+def test_plain_peaks_are_read_from_the_graph_cache_or_left_out(tmp_path: Path) -> None:
+    from tuner.graphs import load_plain_peaks
+
+    settings = SimpleNamespace(study_dir=tmp_path)
+    assert load_plain_peaks(settings) == {}  # no graph.json yet
+    (tmp_path / "graph.json").write_text(json.dumps({"graph": {}}))
+    assert load_plain_peaks(settings) == {}  # traced without profiling (or by an older version)
+    (tmp_path / "graph.json").write_text(json.dumps({"plain_peaks": {"batches": [4, 16], "peak_bytes": [7, 9]}}))
+    assert load_plain_peaks(settings) == {4: 7, 16: 9}
+    (tmp_path / "graph.json").write_text(json.dumps({"plain_peaks": {"batches": [4, 16], "peak_bytes": [7]}}))
+    assert load_plain_peaks(settings) == {}  # malformed: the simulator's start instead

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
+from ..bracket import start_from_peaks
+
 if TYPE_CHECKING:
     from ..progress import Progress
     from ..records import TrialRecord
@@ -53,6 +55,8 @@ class SearchRun:
         stopped: why the loop ended (``stopped["reason"]``, see `tuner.loop.optimize`).
         screen: the screening study, once a measured backend made it.
         notes: what the backend has to say in recommended.json (e.g. a confirmation cut short).
+        plain_peaks: batch -> the allocator peak of the plain step in TF's own order, measured by the
+            trace worker (``graph.json``'s ``plain_peaks``; empty: not measured, e.g. on a GPU).
     """
 
     main: Any
@@ -68,6 +72,15 @@ class SearchRun:
     stopped: dict[str, str] = field(default_factory=dict)
     screen: Any = None
     notes: list[str] = field(default_factory=list)
+    plain_peaks: Mapping[int, int] = field(default_factory=dict)
+
+    def plain_start(self, config: Any) -> int | None:
+        """Where a bracket of fresh processes starts for a config that runs the plain step in TF's order
+        (the no-LMS baseline): from the measured `plain_peaks` (`tuner.bracket.start_from_peaks`); None for
+        any other config, or without them (then the simulator's batch)."""
+        if not self.plain_peaks or config.enabled or config.pins_order:
+            return None
+        return start_from_peaks(self.plain_peaks, usable=self.usable, cap=self.settings.max_batch)
 
     def evaluate_predicted(self, config: Any, trial: Any) -> "TrialRecord":
         from ..records import predicted_record

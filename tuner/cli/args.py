@@ -259,7 +259,8 @@ def _add_search(sub: Any) -> None:
     p.add_argument("--confirm", type=_int_at_least(0, 10), default=2, metavar="N",
                    help="gpu/emulated, largest-batch searches: measure each trial with one batch per fresh "
                         "process (as a training run starts; a batch's peak depends on the batches run before it "
-                        "in a process), bracketing its largest batch from the simulator's, then run the "
+                        "in a process), bracketing its largest batch from the simulator's (the no-LMS baseline on the "
+                        "emulated device: from its measured peaks), then run the "
                         "recommended config and the no-LMS baseline again, in turn, until each batch fitted in "
                         "N processes; recommended.json says whether that finished (\"confirmed\"). 0: a trial "
                         "searches in one process instead, nothing is confirmed (default: %(default)s)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
+from ..bracket import start_origin
 from .data import ReportData
 from .markup import (config_knobs as _config_knobs, escape as _e, fmt_bytes, fmt_int, fmt_num, fmt_rate,
                      number as _num, pct as _pct, table as _table)
@@ -123,7 +124,7 @@ def _processes(rec: Any) -> str:
         base_line = (f'<p class="note">No-LMS baseline: batch {fmt_int(base.get("batch_size"))} fitted in '
                      f'{fmt_int(base.get("fits"))} fresh processes (one batch per process: '
                      + _e(", ".join(f"{b} {v}" for b, v in base["tried"])) + ").</p>")
-    start = f", the first at the simulator's batch {fmt_int(conf['start'])}" if conf.get("start") else ""
+    start = f", the first at {start_origin(conf)} batch {fmt_int(conf['start'])}" if conf.get("start") else ""
     return (f'<details id="processes" open><summary>Fresh processes: batch {fmt_int(conf.get("batch_size"))} fitted '
             f'in {fmt_int(conf.get("fits"))} of {fmt_int(conf.get("processes"))}{_e(start)} (one batch per process, '
             "from its first step; the figures above are the fastest process at that batch and the highest peak "
