@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-__all__ = ["CONFIRMATIONS_ATTR", "METHOD", "RULE", "VERDICT", "next_batch", "start_from_peaks", "start_origin", "verdicts", "ends",
-           "confirmed_figures", "stored_confirmations", "verdict_word"]
+__all__ = ["CONFIRMATIONS_ATTR", "METHOD", "RULE", "VERDICT", "next_batch", "start_from_peaks", "start_origin",
+           "verdicts", "ends", "confirmed_figures", "stored_confirmations", "verdict_word"]
 
 CONFIRMATIONS_ATTR = "confirmations"
 #: How the stored runs were made: one batch per fresh process (older studies stored down-searches; those are
