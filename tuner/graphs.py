@@ -20,7 +20,7 @@ from .protocol import DescribeRequest, TraceRequest
 from .settings import SearchSettings
 from .worker import run_worker, worker_env
 
-__all__ = ["load_graph", "load_op_costs", "load_plain_peaks", "derive_emulated_budget", "describe_user_workload"]
+__all__ = ["load_graph", "load_profile", "derive_emulated_budget", "describe_user_workload"]
 
 log = logging.getLogger(__name__)
 
@@ -45,27 +45,29 @@ def _profile_batches(settings: SearchSettings) -> tuple[int, ...]:
     return (2 * base, 8 * base)
 
 
-def load_op_costs(settings: SearchSettings) -> Any:
-    """The per-op times the trace worker measured (`lms.sim.OpCosts`), or None (roofline)."""
+def load_profile(settings: SearchSettings) -> tuple[Any, dict[int, int]]:
+    """What the trace worker measured besides the graph, from one read of ``graph.json``: the per-op times
+    (`lms.sim.OpCosts`; None: the simulator's roofline) and batch -> allocator peak of the plain step (empty:
+    not measured; the no-LMS baseline then starts at the simulator's batch)."""
     from lms.sim.opcosts import OpCosts
 
     try:
         doc = json.loads((settings.study_dir / "graph.json").read_text(encoding="utf-8"))
-        return OpCosts.from_dict(doc["op_costs"]) if doc.get("op_costs") else None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("no measured op times (%s); the simulator uses its roofline", exc)
-        return None
-
-
-def load_plain_peaks(settings: SearchSettings) -> dict[int, int]:
-    """batch -> allocator peak of the plain step the trace worker measured while profiling (empty: none)."""
+    except (OSError, ValueError) as exc:
+        log.warning("no measured op times or peaks (%s); the simulator uses its roofline", exc)
+        return None, {}
     try:
-        doc = json.loads((settings.study_dir / "graph.json").read_text(encoding="utf-8"))
+        op_costs = OpCosts.from_dict(doc["op_costs"]) if doc.get("op_costs") else None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("no measured op times (%s); the simulator uses its roofline", exc)
+        op_costs = None
+    try:
         got = doc.get("plain_peaks") or {}
-        return {int(b): int(p) for b, p in zip(got.get("batches", ()), got.get("peak_bytes", ()), strict=True)}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        peaks = {int(b): int(p) for b, p in zip(got.get("batches", ()), got.get("peak_bytes", ()), strict=True)}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         log.warning("no measured peaks of the plain step (%s); the baseline starts at the simulator's batch", exc)
-        return {}
+        peaks = {}
+    return op_costs, peaks
 
 
 def load_graph(settings: SearchSettings, *, should_stop: Callable[[], bool] | None = None) -> Any:

@@ -40,7 +40,7 @@ from .confirm import fresh_process_trials
 from .batch import Prediction, predict_max_batch, usable_bytes
 from .budget import format_bytes
 from .environment import host_memory_bytes, tensorflow_distribution
-from .graphs import derive_emulated_budget, load_graph, load_op_costs, load_plain_peaks
+from .graphs import derive_emulated_budget, load_graph, load_profile
 from .progress import Progress
 from .records import counted
 from .recovery import recover_stale_trials
@@ -139,8 +139,7 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
     with _Stopper():
         progress.phase("tracing")
         graph = load_graph(settings)
-        op_costs = load_op_costs(settings) if backend.profiles_op_times else None
-        plain_peaks = load_plain_peaks(settings) if backend.profiles_op_times else {}
+        op_costs, plain_peaks = load_profile(settings) if backend.profiles_op_times else (None, {})
         if op_costs is not None:
             notes.append(f"simulator op times: measured on this CPU ({op_costs.source})")
         elif backend.profiles_op_times:

@@ -374,7 +374,10 @@ def test_the_baseline_runs_its_fresh_processes_while_the_screen_simulates(tmp_pa
 
 
 def test_plain_peaks_are_read_from_the_graph_cache_or_left_out(tmp_path: Path) -> None:
-    from tuner.graphs import load_plain_peaks
+    from tuner.graphs import load_profile
+
+    def load_plain_peaks(settings):
+        return load_profile(settings)[1]
 
     settings = SimpleNamespace(study_dir=tmp_path)
     assert load_plain_peaks(settings) == {}  # no graph.json yet
@@ -384,3 +387,6 @@ def test_plain_peaks_are_read_from_the_graph_cache_or_left_out(tmp_path: Path) -
     assert load_plain_peaks(settings) == {4: 7, 16: 9}
     (tmp_path / "graph.json").write_text(json.dumps({"plain_peaks": {"batches": [4, 16], "peak_bytes": [7]}}))
     assert load_plain_peaks(settings) == {}  # malformed: the simulator's start instead
+    (tmp_path / "graph.json").write_text(json.dumps({"op_costs": {"schema": "other"},
+                                                     "plain_peaks": {"batches": [4, 16], "peak_bytes": [7, 9]}}))
+    assert load_profile(settings) == (None, {4: 7, 16: 9})  # bad op times do not cost the peaks
