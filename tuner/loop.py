@@ -23,7 +23,7 @@ from .errors import SearchError
 from .progress import Progress
 from .records import TrialRecord, corrections_warning, counted
 from .recovery import owner, recover_stale_trials, start_heartbeat
-from .space import SearchSpace
+from .space import DistinctCounter, SearchSpace
 
 __all__ = ["optimize", "Interrupted"]
 
@@ -101,7 +101,7 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[Any, Any], Tria
 
     done = sum(1 for t in study.get_trials(deepcopy=False) if counted(t))
     known = _known_records(study, space)
-    space_size = space.n_distinct
+    space_size = DistinctCounter(space)
     repeats = 0
     rng = random.Random(seed)
     if own_progress:
@@ -119,10 +119,11 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[Any, Any], Tria
             if done + running >= n_trials or (stop is not None and stop.is_set()):
                 why("stop" if stop is not None and stop.is_set() else "trials" if done >= n_trials else "others")
                 break
-            if len(known) >= space_size or repeats > max(50, 2 * n_trials):
-                log.info("every config of the search space has been evaluated (%d)" if len(known) >= space_size
+            everything = space_size.at_most(len(known))
+            if everything or repeats > max(50, 2 * n_trials):
+                log.info("every config of the search space has been evaluated (%d)" if everything
                          else "the sampler keeps proposing evaluated configs; stopping at %d", len(known))
-                why("space" if len(known) >= space_size else "repeats")
+                why("space" if everything else "repeats")
                 break
             if deadline is not None:
                 left = deadline - time.monotonic()

@@ -20,11 +20,11 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from .knobs import KNOB_TABLE, Knob, KnobTable
 
-__all__ = ["SearchSpace"]
+__all__ = ["SearchSpace", "DistinctCounter"]
 
 
 @dataclass(frozen=True)
@@ -172,12 +172,42 @@ class SearchSpace:
 
     def distinct_configs(self) -> dict[str, Any]:
         """canonical key -> config, one per distinct config of the grid, in grid order."""
-        configs: dict[str, Any] = {}
+        return dict(self.iter_distinct())
+
+    def iter_distinct(self) -> Iterator[tuple[str, Any]]:
+        """(canonical key, config) for each distinct config of the grid, in grid order, as they are found."""
+        seen: set[str] = set()
         for params in self.grid():
             config = self.config_of(params)
-            configs.setdefault(self.table.canonical_key(config), config)
-        return configs
+            key = self.table.canonical_key(config)
+            if key not in seen:
+                seen.add(key)
+                yield key, config
 
     def to_dict(self) -> dict[str, Any]:
         return {"n_candidates": self.n_candidates, "n_tensor_levels": self.n_tensor_levels,
                 "knobs": {k.name: list(self.values(k)) for k in self.knobs}}
+
+
+class DistinctCounter:
+    """How many distinct configs a space holds, enumerated only as far as a question needs.
+
+    The search loop asks after every trial whether the configs it has evaluated are all the space
+    holds. Counting the whole default space builds every grid point's config (8,640 points, 8,162
+    distinct for ResNet-50: about 0.6 s of every search process); the answer needs at most one
+    config more than were evaluated, and the count goes on from where the last question stopped.
+    """
+
+    def __init__(self, space: SearchSpace) -> None:
+        self._distinct = space.iter_distinct()
+        self.found = 0  #: distinct configs enumerated so far
+        self.complete = False  #: every grid point enumerated (`found` is the space's size)
+
+    def at_most(self, n: int) -> bool:
+        """Whether the space holds at most `n` distinct configs (enumerates at most ``n + 1`` of them)."""
+        while not self.complete and self.found <= n:
+            if next(self._distinct, None) is None:
+                self.complete = True
+            else:
+                self.found += 1
+        return self.complete and self.found <= n

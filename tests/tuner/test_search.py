@@ -24,7 +24,7 @@ from tuner.records import TrialRecord
 from tuner.recovery import recover_stale_trials
 from tuner.search import run_search
 from tuner.settings import SearchSettings, study_settings_conflict
-from tuner.space import SearchSpace
+from tuner.space import DistinctCounter, SearchSpace
 from tuner.study import make_sampler
 from tuner.storage import open_storage, resolve_storage
 
@@ -181,6 +181,22 @@ def test_exhausted_space_stops() -> None:
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=make_sampler("random", seed=0))
     ran = optimize(study, space, evaluate, n_trials=50, deadline=None, progress=Progress(disabled=True), desc="t")
     assert ran == space.n_distinct
+
+
+def test_the_distinct_counter_answers_as_the_full_count_does_and_stops_early() -> None:
+    small = SearchSpace(n_candidates=1, ranges={"lb": range(1, 2), "branch_threshold": (10,), "schedule": ("tf",),
+                                                "sync_mode": (0,), "recompute": ("none",)})
+    size = small.n_distinct
+    assert size == 9
+    assert list(small.iter_distinct()) == list(small.distinct_configs().items())
+    counter = DistinctCounter(small)
+    for n in range(size + 3):  # asked as the loop asks: the evaluated count only grows
+        assert counter.at_most(n) is (n >= size), n
+    assert counter.complete and counter.found == size
+    # a question about 10 configs of the default ResNet-50 space (8,162 distinct) looks at 11 of them
+    big = DistinctCounter(SearchSpace(n_candidates=339))
+    assert big.at_most(10) is False and big.found == 11 and not big.complete
+    assert big.at_most(3) is False and big.found == 11  # nothing enumerated again
 
 
 def test_resume_in_same_storage_runs_only_the_rest(tmp_path: Path) -> None:
