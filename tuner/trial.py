@@ -34,7 +34,7 @@ from .protocol import (DescribeRequest, DescribeResult, Envelope, MeasureRequest
 from .records import corrections_summary
 from .worker import PARENT_PID_ENV, PARENT_PIPE_ENV
 
-__all__ = ["main", "exit_now", "lms_summary_record"]
+__all__ = ["main", "exit_now", "import_tensorflow", "HELD_BACK", "lms_summary_record"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,28 @@ class _Events:
             return
         self._fh.write(json.dumps({"event": event, "t": time.time(), **fields}) + "\n")
         self._fh.flush()
+
+
+#: Modules Keras imports while TensorFlow imports, for notebooks (IPython) and image galleries
+#: (matplotlib.pyplot), which a worker never shows: about 0.6-1.0 s of every worker's start on a 2-core CPU
+#: when they are installed (MEASURED 2026-12-04: ``import tensorflow, keras`` 5.2-5.5 s, 4.5-4.6 s without).
+HELD_BACK = ("IPython", "matplotlib.pyplot")
+
+
+def import_tensorflow() -> Any:
+    """``import tensorflow``, without the `HELD_BACK` modules while it imports (Keras imports both under
+    ``except ImportError``). They are importable again as soon as TensorFlow is in: a model that uses them
+    gets them, and one that imported them first keeps them."""
+    held = [name for name in HELD_BACK if name not in sys.modules]
+    for name in held:
+        sys.modules[name] = None  # type: ignore[assignment]  # `import name` raises ImportError
+    try:
+        import tensorflow as tf
+    finally:
+        for name in held:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+    return tf
 
 
 def _load_workload(request: Any) -> Any:
@@ -78,7 +100,7 @@ def _trace(request: TraceRequest, events: _Events) -> TraceResult:
     workload = _load_workload(request)
     events.emit("phase", phase="tracing", workload=workload.name)
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # before TF's import (worker_env sets it too)
-    import tensorflow as tf
+    tf = import_tensorflow()
     from lms.tf.extract import trace_train_step
 
     if request.profile_batches:
@@ -154,7 +176,7 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
     configure_cpu_allocator()
     if request.host_memory_limit_bytes is not None:  # read when TF makes its GPU host allocator
         os.environ.setdefault(HOST_LIMIT_ENV, str(max(1, request.host_memory_limit_bytes >> 20)))
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     problem = backend.configure_tensorflow(tf, memory_limit_bytes=request.device_memory_limit_bytes)
     if problem:

@@ -147,3 +147,44 @@ raise SystemExit('not reached')
     assert proc.stdout == "unflushed stdout" and proc.stderr == "unflushed stderr"
     assert (tmp_path / "atexit").read_text() == "ran"
     assert (tmp_path / "log").read_text() == "last log line\n"
+
+
+def test_import_tensorflow_holds_back_what_keras_only_needs_in_notebooks_and_only_while_it_imports(
+        tmp_path: Path) -> None:
+    """A stand-in `tensorflow` package imports both held-back modules as Keras does (under ``except
+    ImportError``): it gets neither; afterwards both import, and one imported before is left as it was."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text(
+        "GOT = {}\n"
+        "for name in ('IPython', 'matplotlib.pyplot'):\n"
+        "    try:\n"
+        "        __import__(name)\n"
+        "        GOT[name] = True\n"
+        "    except ImportError:\n"
+        "        GOT[name] = False\n")
+    (tmp_path / "IPython").mkdir()
+    (tmp_path / "IPython" / "__init__.py").write_text("")
+    code = """
+import json, sys
+if sys.argv[1] == 'before':
+    import IPython
+from tuner.trial import import_tensorflow
+tf = import_tensorflow()
+import IPython, matplotlib.pyplot
+print(json.dumps(tf.GOT))
+"""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(root)]), MPLBACKEND="Agg")
+    got = {}
+    for when in ("fresh", "before"):
+        proc = subprocess.run([sys.executable, "-c", code, when], capture_output=True, text=True, timeout=60,
+                              cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        got[when] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["fresh"] == {"IPython": False, "matplotlib.pyplot": False}
+    assert got["before"] == {"IPython": True, "matplotlib.pyplot": False}
