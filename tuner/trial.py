@@ -57,24 +57,21 @@ class _Events:
         self._fh.flush()
 
 
-#: Modules Keras imports while TensorFlow imports, for notebooks (IPython) and image galleries
-#: (matplotlib.pyplot), which a worker never shows: about 0.6-1.0 s of every worker's start on a 2-core CPU
-#: when they are installed (MEASURED 2026-12-04: ``import tensorflow, keras`` 5.2-5.5 s, 4.5-4.6 s without).
+#: Imported by Keras while TensorFlow imports, for notebooks and image galleries a worker never shows: 0.5-1.2 s
+#: of each worker's start when installed (MEASURED 2026-12-04: `import tensorflow` 5.7-6.1 s, 4.9-5.5 s without).
 HELD_BACK = ("IPython", "matplotlib.pyplot")
 
 
 def import_tensorflow() -> Any:
-    """``import tensorflow``, without the `HELD_BACK` modules while it imports (Keras imports both under
-    ``except ImportError``). They are importable again as soon as TensorFlow is in: a model that uses them
-    gets them, and one that imported them first keeps them."""
+    """``import tensorflow`` with the `HELD_BACK` modules unimportable meanwhile (Keras imports both under
+    ``except ImportError``), importable again after: a model may use them, and keeps one it imported first."""
     held = [name for name in HELD_BACK if name not in sys.modules]
-    for name in held:
-        sys.modules[name] = None  # type: ignore[assignment]  # `import name` raises ImportError
+    sys.modules.update(dict.fromkeys(held))  # type: ignore[arg-type]  # None: `import name` raises ImportError
     try:
         import tensorflow as tf
     finally:
         for name in held:
-            if name in sys.modules and sys.modules[name] is None:
+            if sys.modules.get(name, 0) is None:
                 del sys.modules[name]
     return tf
 
