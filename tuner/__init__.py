@@ -3,7 +3,8 @@
     python -m tuner search --model resnet50        # or: lms-tuner search ...
 
 The parent process (this package, `tuner.cli`, `tuner.search`) imports no
-TensorFlow: tracing and measuring run in worker subprocesses (`tuner.trial`),
+TensorFlow: tracing and measuring run in worker subprocesses (`tuner.trial`, started by
+`tuner.worker`; on the CPU forked from a process that imported TensorFlow once, `tuner.zygote`),
 simulation in-process (`lms.simulator`).
 """
 

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from lms.config import atomic_write_text
 
-from .faults import injected_fault
+from .faults import FAULT_ENV, injected_fault
 from .protocol import DescribeRequest, Envelope, MeasureRequest, ProtocolError, TraceRequest, result_type
 
 __all__ = ["WorkerOutcome", "run_worker", "worker_env", "PARENT_PIPE_ENV", "PARENT_PID_ENV"]
@@ -145,9 +145,12 @@ def run_worker(request: Request, *, workdir: Path, timeout_s: float | None = Non
     # code starts stays in that group, and the whole group is ended when the worker ends (`_end_group`).
     # Its output goes through a pipe into worker.log, capped (`_copy_log`): a model printing without end
     # must not fill the disk.
+    # A worker that imports TensorFlow on the CPU is forked from a process that imported it once (`tuner.zygote`).
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True, pass_fds=(watch_r,))
+        proc: Any = _forked(request, env, request_path, watch_r)
+        if proc is None:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True, pass_fds=(watch_r,))
     except BaseException:
         os.close(watch_w)
         raise
@@ -202,6 +205,20 @@ def run_worker(request: Request, *, workdir: Path, timeout_s: float | None = Non
                          f"worker exited with code {rc} without a result: {tail}", log_path, wall)
 
 
+def _forked(request: Request, env: dict[str, str], request_path: Path, watch_r: int) -> Any:
+    """The worker forked from the zygote for `env` (`tuner.zygote`), or None: it is started from nothing."""
+    from . import zygote
+
+    if not zygote.enabled(env):
+        return None
+    if isinstance(request, MeasureRequest):
+        if injected_fault(request.trial, env.get(FAULT_ENV, ""), confirm=request.confirm):
+            return None  # test-only faults: most never import TensorFlow
+    elif not isinstance(request, TraceRequest):
+        return None
+    return zygote.spawn(str(request_path), env, watch_r)
+
+
 def _terminate(proc: subprocess.Popen) -> None:
     """SIGTERM to the worker's group, SIGKILL after a grace period; the whole group is ended either way."""
     if proc.returncode is None:
@@ -221,7 +238,7 @@ def _exited(proc: subprocess.Popen, timeout_s: float) -> bool:
     """
     if proc.returncode is not None:
         return True
-    if not hasattr(os, "waitid"):
+    if not hasattr(os, "waitid") or not isinstance(proc, subprocess.Popen):  # a zygote's fork: it reports the exit
         try:
             proc.wait(timeout=timeout_s)
             return True
