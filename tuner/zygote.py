@@ -112,6 +112,7 @@ class _Zygote:
         self._replies: dict[int, int] = {}
         self._changed = threading.Condition(self._lock)
         self._next_id = 0
+        self._in_flight = 0
         self.ready = False
         self.dead = False
         threading.Thread(target=self._read, name="zygote-reader", daemon=True).start()
@@ -145,6 +146,11 @@ class _Zygote:
             self._children.clear()
             self._changed.notify_all()
 
+    def busy(self) -> bool:
+        """Whether a worker of this zygote runs or is being started (closing it would end that worker)."""
+        with self._lock:
+            return bool(self._children or self._in_flight)
+
     def wait_ready(self, timeout_s: float) -> bool:
         with self._changed:
             self._changed.wait_for(lambda: self.ready or self.dead, timeout_s)
@@ -152,11 +158,19 @@ class _Zygote:
 
     def spawn(self, request_path: str, env: dict[str, str], watch_fd: int) -> ZygoteProcess:
         """Fork a worker on `request_path`; its output comes out of the returned process's ``stdout``."""
+        with self._changed:
+            ident = self._next_id
+            self._next_id += 1
+            self._in_flight += 1
+        try:
+            return self._spawn(ident, request_path, env, watch_fd)
+        finally:
+            with self._changed:
+                self._in_flight -= 1
+
+    def _spawn(self, ident: int, request_path: str, env: dict[str, str], watch_fd: int) -> ZygoteProcess:
         read_end, write_end = os.pipe()
         try:
-            with self._changed:
-                ident = self._next_id
-                self._next_id += 1
             msg = json.dumps({"id": ident, "request": request_path, "cwd": os.getcwd(), "env": env}).encode()
             socket.send_fds(self.sock, [msg], [write_end, watch_fd])
         except BaseException:
@@ -205,8 +219,12 @@ def spawn(request_path: str, env: dict[str, str], watch_fd: int) -> ZygoteProces
             del _ZYGOTES[key]
             zygote = None
         if zygote is None:
-            while len(_ZYGOTES) >= _MAX_ZYGOTES:
-                _ZYGOTES.pop(next(iter(_ZYGOTES))).close()
+            idle = [k for k, z in _ZYGOTES.items() if not z.busy()]
+            while len(_ZYGOTES) >= _MAX_ZYGOTES and idle:
+                _ZYGOTES.pop(idle.pop(0)).close()
+            if len(_ZYGOTES) >= _MAX_ZYGOTES:  # each has a worker running: closing one would end it
+                log.debug("every zygote is busy: the worker starts from nothing")
+                return None
             try:
                 zygote = _Zygote({k: v for k, v in env.items() if k not in PER_WORKER_ENV})
             except OSError as exc:

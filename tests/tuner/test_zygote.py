@@ -125,3 +125,32 @@ def test_which_workers_are_forked() -> None:
     assert not zygote.enabled({**cpu, "CUDA_VISIBLE_DEVICES": "GPU-1234"})  # GPU workers start from nothing
     # what run_worker sets per worker does not start another zygote
     assert {PARENT_PIPE_ENV, PARENT_PID_ENV} <= set(zygote.PER_WORKER_ENV)
+
+
+def test_a_zygote_with_a_running_worker_is_not_closed_for_another_environment(tmp_path: Path, monkeypatch) -> None:
+    import threading
+
+    monkeypatch.setattr(zygote, "_MAX_ZYGOTES", 1)
+    zygote.close_all()
+    env_a = {**worker_env(), zygote.ZYGOTE_ENV: "1", "LMS_TEST_ENV": "a"}
+    env_b = {**env_a, "LMS_TEST_ENV": "b"}
+    done = threading.Event()
+    outcome: list = []
+    long_run = threading.Thread(target=lambda: outcome.append(run_worker(
+        TraceRequest(workload="resnet50", output=str(tmp_path / "r.json")), workdir=tmp_path / "a", timeout_s=300,
+        env=env_a, should_stop=done.is_set)))
+    long_run.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not (zygote.pids() and (tmp_path / "a" / "worker.log").exists()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (pid_a,) = zygote.pids()
+        other = run_worker(TraceRequest(workload=TINY_MODEL, output=str(tmp_path / "g.json")),
+                           workdir=tmp_path / "b", timeout_s=300, env=env_b)
+        assert other.status == "ok", other.reason  # started from nothing: the only zygote was busy
+        assert zygote.pids() == [pid_a] and not outcome  # and A's worker still runs
+    finally:
+        done.set()
+        long_run.join(60)
+        zygote.close_all()
+    assert outcome and outcome[0].status == "stopped", outcome  # stopped by us, not ended by a closed zygote
