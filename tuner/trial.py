@@ -32,7 +32,7 @@ from .oom import describe_oom
 from .protocol import (DescribeRequest, DescribeResult, Envelope, MeasureRequest, MeasureResult, ProtocolError,
                        TraceRequest, TraceResult)
 from .records import corrections_summary
-from .worker import PARENT_PID_ENV, PARENT_PIPE_ENV
+from .worker import PARENT_PID_ENV, PARENT_PIPE_ENV, die_with_parent
 
 __all__ = ["main", "exit_now", "import_tensorflow", "HELD_BACK", "lms_summary_record"]
 
@@ -445,14 +445,7 @@ def _watch_parent() -> None:
 
     parent = os.environ.pop(PARENT_PID_ENV, "")
     fd_text = os.environ.pop(PARENT_PIPE_ENV, "")
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            pr_set_pdeathsig = 1
-            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
+    die_with_parent()
     if parent.isdigit() and os.getppid() != int(parent):
         os._exit(1)  # the parent died before the kernel was asked to tell us
     if not fd_text.isdigit():

@@ -33,7 +33,7 @@ from lms.config import atomic_write_text
 from .faults import FAULT_ENV, injected_fault
 from .protocol import DescribeRequest, Envelope, MeasureRequest, ProtocolError, TraceRequest, result_type
 
-__all__ = ["WorkerOutcome", "run_worker", "worker_env", "PARENT_PIPE_ENV", "PARENT_PID_ENV"]
+__all__ = ["WorkerOutcome", "run_worker", "worker_env", "die_with_parent", "PARENT_PIPE_ENV", "PARENT_PID_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,20 @@ def worker_env(*, gpu: str | None = None) -> dict[str, str]:
 
 
 Request = DescribeRequest | TraceRequest | MeasureRequest
+
+
+def die_with_parent() -> None:
+    """Linux: ask the kernel to SIGKILL this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``);
+    elsewhere nothing. Called by a worker, and by the zygote its workers are forked from (`tuner.zygote`)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def run_worker(request: Request, *, workdir: Path, timeout_s: float | None = None,

@@ -43,7 +43,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["ZYGOTE_ENV", "PER_WORKER_ENV", "ZygoteProcess", "enabled", "spawn", "pids", "close_all"]
+__all__ = ["ZYGOTE_ENV", "PER_WORKER_ENV", "MAX_MESSAGE", "ZygoteProcess", "enabled", "spawn", "pids", "close_all"]
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,8 @@ PER_WORKER_ENV = ("LMS_TUNER_PARENT_FD", "LMS_TUNER_PARENT_PID", "PYTEST_CURRENT
 _MAX_ZYGOTES = 2
 _READY_TIMEOUT_S = 300.0
 _SPAWN_TIMEOUT_S = 60.0
-_MAX_MESSAGE = 1 << 20
+#: The largest message on the socket (a request carries the worker's environment).
+MAX_MESSAGE = 1 << 20
 
 
 def enabled(env: dict[str, str]) -> bool:
@@ -69,12 +70,11 @@ def enabled(env: dict[str, str]) -> bool:
 class ZygoteProcess:
     """The part of `subprocess.Popen` that `tuner.worker` uses, for a worker forked by a zygote."""
 
-    def __init__(self, pid: int, stdout: Any, zygote: "_Zygote") -> None:
+    def __init__(self, pid: int, stdout: Any) -> None:
         self.pid = pid
         self.stdout = stdout
         self.returncode: int | None = None
         self._done = threading.Event()
-        self._zygote = zygote
 
     def _ended(self, returncode: int) -> None:
         self.returncode = returncode
@@ -120,7 +120,7 @@ class _Zygote:
     def _read(self) -> None:
         while True:
             try:
-                data = self.sock.recv(_MAX_MESSAGE)
+                data = self.sock.recv(MAX_MESSAGE)
             except OSError:
                 data = b""
             if not data:
@@ -185,7 +185,7 @@ class _Zygote:
                 stdout.close()
                 raise OSError("the zygote did not start the worker")
             pid = self._replies.pop(ident)
-            child = ZygoteProcess(pid, stdout, self)
+            child = ZygoteProcess(pid, stdout)
             if pid in self._exits:
                 child._ended(self._exits.pop(pid))  # noqa: SLF001
             else:

@@ -17,27 +17,28 @@ import signal
 import socket
 import sys
 
+from tuner.zygote import MAX_MESSAGE
+
 __all__ = ["main"]
 
 _POLL_S = 0.02
-_MAX_MESSAGE = 1 << 20
 
 
 def _serve(sock: socket.socket) -> None:
-    _die_with_parent()
     from tuner.trial import import_tensorflow
+    from tuner.worker import PARENT_PID_ENV, PARENT_PIPE_ENV, die_with_parent
 
+    die_with_parent()  # the zygote dies with the search process; its workers then get the same signal
     import_tensorflow()
     import lms.tf.measure  # noqa: F401  # and what every worker imports before its model
     import lms.tf.train  # noqa: F401
-    from tuner.worker import PARENT_PID_ENV, PARENT_PIPE_ENV
 
     sock.send(json.dumps({"ready": True}).encode())
     children: set[int] = set()
     try:
         while True:
             if select.select([sock], [], [], _POLL_S)[0]:
-                msg, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 2)
+                msg, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 2)
                 if not msg:
                     break  # the search process is gone, or closed us
                 req = json.loads(msg)
@@ -93,7 +94,7 @@ def _worker(sock: socket.socket, req: dict, fds: list[int], pipe_env: str, pid_e
         code = trial_main([req["request"]])
         exit_now(code)
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1  # as Python exits on it
     except BaseException:  # noqa: BLE001  # whatever happens, the fork never returns into the zygote's loop
         import traceback
 
@@ -110,16 +111,6 @@ def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _die_with_parent() -> None:
-    """The kernel kills the zygote when the search process dies (its workers then get the same signal)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
         pass
 
 
