@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from lms import LMSConfig
+from tests import forked_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,12 +27,12 @@ CASES = {
 @pytest.mark.parametrize("model", sorted(CASES))
 def test_simulate_search_end_to_end_and_the_result_trains(model: str, tmp_path: Path) -> None:
     options = CASES[model]
-    args = [sys.executable, "-m", "tuner", "search", "--model", model, "--backend", "simulate",
+    args = ["search", "--model", model, "--backend", "simulate",
             "--budget", "64MiB", "--trials", "6", "--study", "zoo", "--seed", "0", "-q"]
     for key, value in options.items():
         args += ["--model-option", f"{key}={value}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    proc = forked_cli.run(args, cwd=tmp_path, env=env, timeout=600)  # `python -m tuner ARGS`
     assert proc.returncode == 0, proc.stderr[-3000:]
     rec = tmp_path / "studies" / "zoo" / "recommended.json"
     doc = json.loads(rec.read_text())

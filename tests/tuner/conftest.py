@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked_cli
 from tests.figures import FIGURES_PROPERTY, format_figures
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +25,9 @@ def run_cli(args: list[str], *, cwd: Path, timeout: float = 300, env: dict | Non
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(ROOT) + (os.pathsep + full_env["PYTHONPATH"] if full_env.get("PYTHONPATH") else "")
     full_env.update(env or {})
-    cmd = [sys.executable, *(["-m", "tuner"] if python_prefix is None else python_prefix), *args]
+    if python_prefix is None:  # forked from a process that imported the CLI once (tests/forked_cli.py)
+        return forked_cli.run(args, cwd=cwd, env=full_env, timeout=timeout)
+    cmd = [sys.executable, *python_prefix, *args]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import optuna
 
 from lms import LMSConfig
+from tests import forked_cli
 from tuner.knobs import canonical_key
 from tuner.records import counted
 from tuner.storage import engine_url
@@ -64,10 +65,9 @@ def test_concurrent_workers_share_one_study(postgres_url: str, tmp_path: Path, s
     assert f["lost"] == 0 and f["duplicates"] == 0
 
     # ------------------------------------------------ the password appears nowhere
-    best = subprocess.run([sys.executable, "-m", "tuner", "best", "--study", study_name, "--storage", postgres_url],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    listed = subprocess.run([sys.executable, "-m", "tuner", "list", "--storage", postgres_url, "-v"], cwd=tmp_path,
-                            env=env, capture_output=True, text=True, timeout=60)
+    best = forked_cli.run(["best", "--study", study_name, "--storage", postgres_url], cwd=tmp_path, env=env,
+                          timeout=60)
+    listed = forked_cli.run(["list", "--storage", postgres_url, "-v"], cwd=tmp_path, env=env, timeout=60)
     assert best.returncode == 0 and listed.returncode == 0, best.stderr + listed.stderr
     assert study_name in listed.stdout
     texts = [o for pair in outs for o in pair] + [best.stdout, best.stderr, listed.stdout, listed.stderr]
@@ -139,14 +139,12 @@ def test_no_kind_of_password_leaks_into_outputs(postgres_url: str, tmp_path: Pat
         url = f"postgresql://{admin.username}:{written}@{admin.host}:{admin.port}/{admin.database}"
         study = f"mask-{i}"
         seed_graph(tmp_path / "studies", study)
-        commands = [[sys.executable, "-m", "tuner", "search", "--model", TINY_MODEL, "--backend", "simulate",
-                     "--budget", "160MiB", "--study", study, "--trials", "2", "--storage", url, "-v",
-                     *(["--no-report"] if i >= 2 else [])]]
+        commands = [["search", "--model", TINY_MODEL, "--backend", "simulate", "--budget", "160MiB", "--study", study,
+                     "--trials", "2", "--storage", url, "-v", *(["--no-report"] if i >= 2 else [])]]
         if i < 2:  # list, best and the report read the same storage display (the search writes it); twice is enough
-            commands += [[sys.executable, "-m", "tuner", "list", "--storage", url],
-                         [sys.executable, "-m", "tuner", "best", "--study", study, "--storage", url]]
-        for cmd in commands:
-            proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+            commands += [["list", "--storage", url], ["best", "--study", study, "--storage", url]]
+        for cmd in commands:  # `python -m tuner CMD`, forked from a process that imported the CLI
+            proc = forked_cli.run(cmd, cwd=tmp_path, env=env, timeout=120)
             assert proc.returncode == 0, proc.stderr[-2000:]
             printed.append((password, proc.stdout + proc.stderr))
         assert f"{admin.username}:***@" in printed[-len(commands)][1]  # the INFO line shows the masked URL
