@@ -167,7 +167,9 @@ def run(args: Sequence[str], *, cwd: Path | str, env: dict[str, str], timeout: f
 def _serve(sock: socket.socket) -> None:
     import importlib
 
-    _die_with_parent()
+    from tuner.worker import die_with_parent
+
+    die_with_parent()  # the server dies with its pytest worker (a running command goes on, as a subprocess would)
     for name in PRELOADED:
         importlib.import_module(name)
     sock.send(json.dumps({"ready": True}).encode())
@@ -209,15 +211,6 @@ def _send(sock: socket.socket, doc: dict) -> None:
     try:
         sock.send(json.dumps(doc).encode())
     except OSError:  # the caller gave up on it (its timeout)
-        pass
-
-
-def _die_with_parent() -> None:
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
         pass
 
 
