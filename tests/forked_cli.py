@@ -1,4 +1,4 @@
-"""``python -m tuner ARGS`` for the tests, forked from a process that imported the tuner's CLI once.
+"""``python -m tuner ARGS`` and TensorFlow subprocesses for the tests, forked from a process that imported them.
 
 The suite runs the real command line a few hundred times (`tests.tuner.conftest.run_cli`).
 A process started from nothing spends about 1.3 s of one core importing what
@@ -19,8 +19,17 @@ Nothing of the tuner reads the environment when it is imported (`tests/test_fork
 checks), so modules imported before the fork see the command's environment. TensorFlow
 is never imported by the server: the CLI process does not import it either.
 
+`run_python` does the same for the suite's TensorFlow subprocesses (``python -m tests.tf.auto_worker``,
+``python tests/tf/test_emulated_memory.py``), from a server that imported TensorFlow and Keras and
+started none of TensorFlow's runtime (no device, allocator or thread pool: TensorFlow makes them on
+first use, in the fork), as the tuner's own workers are (`tuner.zygote`, whose test compares the
+allocator's peaks to the byte). TensorFlow reads some variables when it is imported, so such a server
+is shared only by commands with the same whole environment (pytest's per-test variable aside). Tests
+whose subject is what differs between fresh processes (`tests/tf/test_exact.py`'s same-peak-in-every-process)
+still start theirs from nothing: forks share their server's memory layout.
+
 ``LMS_TEST_FORKED_CLI=0`` runs every command from nothing instead; so does a platform without
-``socket.send_fds``, or a server that cannot start.
+``socket.send_fds``, a server that cannot start, or two servers of a kind already running a command each.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["ENV", "run", "enabled", "PRELOADED"]
+__all__ = ["ENV", "run", "run_python", "enabled", "PRELOADED", "PRELOADED_TF"]
 
 ENV = "LMS_TEST_FORKED_CLI"
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +56,8 @@ _POLL_S = 0.01
 PRELOADED = ("tuner.cli", "tuner.cli.run", "tuner.search", "tuner.loop", "tuner.outputs", "tuner.storage",
              "optuna", "optuna.storages._rdb.storage", "optuna.storages._rdb.models", "alembic.command",
              "alembic.migration", "sqlalchemy.orm", "pandas")
+#: What the suite's TensorFlow subprocesses import first (`run_python`).
+PRELOADED_TF = ("tensorflow", "keras")
 
 
 # ---------------------------------------------------------------- the caller's side
@@ -58,10 +69,11 @@ def enabled() -> bool:
 
 
 class _Server:
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], preload: Sequence[str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "tests.forked_cli", str(theirs.fileno())], env=env,
+            self.proc = subprocess.Popen([sys.executable, "-m", "tests.forked_cli", str(theirs.fileno()), *preload],
+                                         env=env,
                                          cwd=ROOT, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                          start_new_session=True)
@@ -69,6 +81,7 @@ class _Server:
             theirs.close()
         self.sock = ours
         self.lock = threading.Lock()
+        self.in_flight = 0  # commands asked for and not yet ended (under _SERVERS_LOCK)
         ours.settimeout(120)
         try:
             self.ready = json.loads(ours.recv(_MAX_MESSAGE) or b"{}").get("ready", False)
@@ -79,23 +92,45 @@ class _Server:
     def alive(self) -> bool:
         return self.ready and self.proc.poll() is None
 
+    def close(self) -> None:
+        try:  # end of file: the server exits (a command still running goes on, as a subprocess would)
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
-_SERVERS: dict[tuple, _Server] = {}
+
+_SERVERS: dict[tuple, _Server] = {}  # oldest first
+_MAX_SERVERS_PER_PRELOAD = 2
 _SERVERS_LOCK = threading.Lock()
 
 
-def _server(env: dict[str, str]) -> _Server | None:
-    key = tuple(sorted((k, v) for k, v in env.items() if k.startswith("PYTHON")))
+def _server(env: dict[str, str], preload: Sequence[str], whole_env: bool) -> _Server | None:
+    """The server for `preload` and `env`: the same one for every environment with the same ``PYTHON*``
+    variables (`whole_env`: the same variables, but for pytest's per-test one), started on first use."""
+    key = (tuple(preload), tuple(sorted((k, v) for k, v in env.items()
+                                        if (k != "PYTEST_CURRENT_TEST" if whole_env else k.startswith("PYTHON")))))
     with _SERVERS_LOCK:
         server = _SERVERS.get(key)
         if server is None or not server.alive():
+            idle = [k for k, v in _SERVERS.items() if k[0] == key[0] and not v.in_flight]
+            while len([k for k in _SERVERS if k[0] == key[0]]) >= _MAX_SERVERS_PER_PRELOAD and idle:
+                _SERVERS.pop(idle.pop(0)).close()  # each holds its imports' memory (TF: about 0.5 GB)
+            if len([k for k in _SERVERS if k[0] == key[0]]) >= _MAX_SERVERS_PER_PRELOAD:
+                return None  # each runs a command: closing one would end it
             try:
-                server = _Server(env)
+                server = _Server(env, preload)
             except OSError:
                 return None
             if not server.alive():
                 return None
             _SERVERS[key] = server
+        server.in_flight += 1
         return server
 
 
@@ -103,15 +138,33 @@ def run(args: Sequence[str], *, cwd: Path | str, env: dict[str, str], timeout: f
         ) -> subprocess.CompletedProcess:
     """``subprocess.run([python, -m, tuner, *args], cwd=, env=, capture_output=True, text=True, timeout=)``,
     forked (see the module's docstring) or, when that is off or cannot be, started from nothing."""
-    cmd = [sys.executable, "-m", "tuner", *args]
-    server = _server(env) if enabled() else None
+    return run_python(["-m", "tuner", *args], cwd=cwd, env=env, timeout=timeout, preload=PRELOADED)
+
+
+def run_python(argv: Sequence[str], *, cwd: Path | str, env: dict[str, str], timeout: float | None,
+               preload: Sequence[str] = PRELOADED_TF) -> subprocess.CompletedProcess:
+    """``subprocess.run([python, *argv], ...)`` as `run`, for ``-m MODULE ARGS`` or ``SCRIPT ARGS``, forked from a
+    server that imported `preload` (by default TensorFlow and Keras: see the module's docstring for why that is
+    the same as a process started from nothing). A server that imported TensorFlow is only shared by commands
+    with the same whole environment (TensorFlow reads some variables when it is imported)."""
+    cmd = [sys.executable, *argv]
+    server = _server(env, preload, whole_env=preload != PRELOADED) if enabled() else None
     if server is None:
         return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        return _forked(server, cmd, argv, cwd=cwd, env=env, timeout=timeout)
+    finally:
+        with _SERVERS_LOCK:
+            server.in_flight -= 1
+
+
+def _forked(server: _Server, cmd: list[str], argv: Sequence[str], *, cwd: Path | str, env: dict[str, str],
+            timeout: float | None) -> subprocess.CompletedProcess:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        msg = json.dumps({"args": list(args), "cwd": str(Path(cwd).absolute()), "env": env}).encode()
+        msg = json.dumps({"argv": list(argv), "cwd": str(Path(cwd).absolute()), "env": env}).encode()
         with server.lock:
             socket.send_fds(server.sock, [msg], [out_w, err_w, theirs.fileno()])
     finally:
@@ -164,13 +217,13 @@ def run(args: Sequence[str], *, cwd: Path | str, env: dict[str, str], timeout: f
 # ---------------------------------------------------------------- the server (python -m tests.forked_cli FD)
 
 
-def _serve(sock: socket.socket) -> None:
+def _serve(sock: socket.socket, preload: Sequence[str]) -> None:
     import importlib
 
     from tuner.worker import die_with_parent
 
     die_with_parent()  # the server dies with its pytest worker (a running command goes on, as a subprocess would)
-    for name in PRELOADED:
+    for name in preload:
         importlib.import_module(name)
     sock.send(json.dumps({"ready": True}).encode())
     children: dict[int, socket.socket] = {}
@@ -229,14 +282,17 @@ def _command(req: dict, out_fd: int, err_fd: int) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        sys.path[0] = req["cwd"]  # as `python -m` sets it
+        for name in [m for m in sys.modules if m == "tests" or m.startswith("tests.")]:
+            del sys.modules[name]  # the server's own package: importable by the command only from its own path
+        argv = req["argv"]
+        # as Python sets it: the working directory for -m, the script's folder for a script
+        sys.path[0] = req["cwd"] if argv[0] == "-m" else os.path.dirname(os.path.abspath(argv[0]))
         import random
 
         random.seed()
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed()
-        sys.argv = ["-m", *req["args"]]
-        code = _run_main()
+        code = _run_main(argv)
         threading._shutdown()  # noqa: SLF001  # what the interpreter does at exit: join non-daemon threads
         import atexit
 
@@ -254,11 +310,16 @@ def _command(req: dict, out_fd: int, err_fd: int) -> None:
             os._exit(code)
 
 
-def _run_main() -> int:
+def _run_main(argv: list[str]) -> int:
     import runpy
 
     try:
-        runpy.run_module("tuner", run_name="__main__", alter_sys=True)
+        if argv[0] == "-m":
+            sys.argv = ["-m", *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exc:
         if exc.code is None:
             return 0
@@ -284,5 +345,5 @@ def _run_main() -> int:
 
 
 if __name__ == "__main__":
-    _serve(socket.socket(fileno=int(sys.argv[1])))
+    _serve(socket.socket(fileno=int(sys.argv[1])), sys.argv[2:])
     os._exit(0)

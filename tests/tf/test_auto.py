@@ -21,11 +21,12 @@ import json
 import logging
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests import forked_cli
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
@@ -43,8 +44,8 @@ MISJUDGED = ("loop:gpt_decoder", 1024, 11_600_000)
 
 def _worker(spec: dict) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "tests.tf.auto_worker", json.dumps(spec)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    # a fresh process, forked before TensorFlow's runtime exists (tests/forked_cli.py)
+    return forked_cli.run_python(["-m", "tests.tf.auto_worker", json.dumps(spec)], cwd=ROOT, env=env, timeout=600)
 
 
 @pytest.fixture(scope="module")

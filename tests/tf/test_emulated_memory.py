@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -118,8 +117,10 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 def run_worker(config: dict[str, Any] | None) -> dict[str, Any]:
     env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPP_MIN_LOG_LEVEL="2")
     spec = json.dumps({"config": config, "steps": STEPS})
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), spec], env=env,
-                          capture_output=True, text=True, timeout=600)
+    from tests import forked_cli  # here: the file is also the worker's script, run without tests/ on its path
+
+    # a fresh process (forked before TensorFlow's runtime exists: the same allocator from its first byte)
+    proc = forked_cli.run_python([str(Path(__file__).resolve()), spec], cwd=os.getcwd(), env=env, timeout=600)
     assert proc.returncode == 0, f"worker failed for {config}:\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

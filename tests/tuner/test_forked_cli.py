@@ -75,3 +75,34 @@ def test_each_command_gets_its_callers_environment_and_is_ended_past_its_timeout
     assert time.monotonic() - start < 30
     done = search("third", "ok@*", 120)
     assert done.returncode == 0 and synthetic("third"), done.stderr
+
+
+_PROBE = """import os, sys
+try:
+    import tests.figures
+    tests_importable = True
+except ImportError:
+    tests_importable = False
+print(__name__, sys.argv[1:], sys.path[0], os.getcwd(), os.environ.get("PROBE_VALUE"), tests_importable)
+raise SystemExit(int(sys.argv[-1]))
+"""
+
+
+@pytest.mark.parametrize("as_module", [False, True])
+def test_a_forked_script_or_module_sees_what_one_started_from_nothing_sees(tmp_path: Path, as_module: bool) -> None:
+    """`run_python`: arguments, ``sys.path[0]`` (the script's folder; the working directory for -m), working
+    directory, environment, exit code, and the server's own package not importable unless on the path."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "probe.py").write_text(_PROBE)
+    (tmp_path / "work").mkdir()
+    argv = ["-m", "pkg.probe"] if as_module else [str(tmp_path / "pkg" / "probe.py")]
+    cwd = tmp_path if as_module else tmp_path / "work"
+    for value, code in (("a", "0"), ("b", "3")):
+        env = dict(os.environ, PROBE_VALUE=value)
+        env.pop("PYTHONPATH", None)
+        fresh = subprocess.run([sys.executable, *argv, "x y", code], cwd=cwd, env=env, capture_output=True,
+                               text=True, timeout=60)
+        forked = forked_cli.run_python([*argv, "x y", code], cwd=cwd, env=env, timeout=60, preload=("json",))
+        assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+        assert fresh.returncode == int(code) and f"'x y', '{code}'] " in fresh.stdout and value in fresh.stdout
