@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import forked_cli
 
 tf = pytest.importorskip("tensorflow")
 
@@ -104,8 +106,8 @@ def resnet50_results():
     weights, 200 MB) alive through its gradient registry, which would skew later
     in-process memory measurements."""
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-m", "tests.tf.test_bitwise", "resnet50"], cwd=root,
-                          capture_output=True, text=True, timeout=900)
+    proc = forked_cli.run_python(["-m", "tests.tf.test_bitwise", "resnet50"], cwd=root, env=dict(os.environ),
+                                 timeout=900)  # forked before TensorFlow starts (tests/forked_cli.py)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

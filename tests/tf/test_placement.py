@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests import forked_cli
 
 tf = pytest.importorskip("tensorflow")
 
@@ -116,8 +116,7 @@ def test_transfers_started_early_compares_the_send_with_the_trigger_end():
 @pytest.fixture(scope="module")
 def two_devices() -> dict[str, dict]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "tests.tf.two_devices"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = forked_cli.run_python(["-m", "tests.tf.two_devices"], cwd=ROOT, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {r["config"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
 

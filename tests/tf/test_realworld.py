@@ -13,12 +13,13 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests import forked_cli
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
@@ -145,8 +146,8 @@ def test_multi_head_attention_softmax_swap_alone_is_bitwise_identical(emulate):
 def mirrored_results():
     """A fresh process: logical CPUs must be configured before TensorFlow starts."""
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-m", "tests.tf.realworld", "mirrored"], cwd=root,
-                          capture_output=True, text=True, timeout=600)
+    proc = forked_cli.run_python(["-m", "tests.tf.realworld", "mirrored"], cwd=root, env=dict(os.environ),
+                                 timeout=600)  # forked before TensorFlow starts (tests/forked_cli.py)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
