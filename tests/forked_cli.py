@@ -93,16 +93,9 @@ class _Server:
         return self.ready and self.proc.poll() is None
 
     def close(self) -> None:
-        try:  # end of file: the server exits (a command still running goes on, as a subprocess would)
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        from tuner.zygote import end_server
+
+        end_server(self.sock, self.proc)
 
 
 _SERVERS: dict[tuple, _Server] = {}  # oldest first

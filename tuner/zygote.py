@@ -43,7 +43,8 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["ZYGOTE_ENV", "PER_WORKER_ENV", "MAX_MESSAGE", "ZygoteProcess", "enabled", "spawn", "pids", "close_all"]
+__all__ = ["ZYGOTE_ENV", "PER_WORKER_ENV", "MAX_MESSAGE", "ZygoteProcess", "enabled", "spawn", "pids", "close_all",
+           "end_server"]
 
 log = logging.getLogger(__name__)
 
@@ -193,16 +194,22 @@ class _Zygote:
         return child
 
     def close(self) -> None:
-        try:  # end of file: the zygote ends its workers and exits (shutdown, not only close: the reader thread
-            self.sock.shutdown(socket.SHUT_RDWR)  # blocked in recv holds the socket open)
-        except OSError:
-            pass
-        self.sock.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        end_server(self.sock, self.proc)  # the zygote ends its workers and exits
+
+
+def end_server(sock: socket.socket, proc: subprocess.Popen) -> None:
+    """Close our end of a fork server's socket, which is its end of file, and wait for it to exit (10 s, then
+    kill it). Shutdown first, not only close: a thread of ours blocked in ``recv`` holds the socket open."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 _ZYGOTES: dict[tuple, _Zygote] = {}
