@@ -15,6 +15,8 @@ import pytest
 
 from lms import LMSConfig
 
+from tests import forked_cli
+
 from .conftest import ROOT, TINY_MODEL, run_cli
 
 MiB = 1 << 20
@@ -203,7 +205,7 @@ def test_resume_after_kill_does_not_redo_trials(tmp_path: Path, seed_graph) -> N
                    if "duplicate_of" not in t.user_attrs)
 
     done_before = evaluated()
-    rerun = subprocess.run(cmd[:-1], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    rerun = forked_cli.run(cmd[3:-1], cwd=tmp_path, env=env, timeout=300)  # `python -m tuner ARGS`, forked
     assert rerun.returncode == 0, rerun.stderr
     after = _completed(db, "res")
     assert after[:len(before)] == before  # the same trials, started at the same times: none redone

@@ -31,6 +31,8 @@ from lms import LMSConfig
 from tuner.faults import injected_fault
 from tuner.knobs import canonical_key
 
+from tests import forked_cli
+
 from .conftest import ROOT, TINY_MODEL, report_fault_figures
 
 STUDY = "faults"
@@ -43,6 +45,12 @@ def _cmd(*extra: str, trials: int = 8, confirm: int = 0) -> list[str]:
     return [sys.executable, "-m", "tuner", "search", "--model", TINY_MODEL, "--backend", "emulated",
             "--budget", "1GiB", "--study", STUDY, "--seed", "0", "--trials", str(trials), "--screen-trials", "6",
             "--timeout", "0", "--confirm", str(confirm), "-q", *extra]
+
+
+def _run(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float, **_: object
+         ) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` for a `_cmd` command, forked (tests/forked_cli.py)."""
+    return forked_cli.run(cmd[3:], cwd=cwd, env=env, timeout=timeout)
 
 
 def _env(fault: str) -> dict[str, str]:
@@ -114,7 +122,7 @@ def test_fault_hook_parsing() -> None:
 def test_each_fault_is_recorded_and_the_study_continues(tmp_path: Path, seed_graph) -> None:
     seed_graph(tmp_path / "studies", STUDY)
     start = time.monotonic()
-    proc = subprocess.run(_cmd("--trial-timeout", "3"), cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    proc = _run(_cmd("--trial-timeout", "3"), cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           # trial numbers that run a worker at --seed 0 (a sampled config equal to one
                           # already evaluated is answered from the study and injects nothing)
                           env=_env("kill@2,oom@3,hang@5,raise@6,ok@*"))
@@ -146,7 +154,7 @@ def test_each_fault_in_a_fresh_process_trial_is_recorded(tmp_path: Path, seed_gr
     bracket and gives the trial the same status as an in-process trial's worker would; a machine's fault
     queues the trial again, whose retry goes on from the processes already run."""
     seed_graph(tmp_path / "studies", STUDY)
-    proc = subprocess.run(_cmd("--trial-timeout", "3", "--budget", "128MiB", trials=6, confirm=2), cwd=tmp_path,
+    proc = _run(_cmd("--trial-timeout", "3", "--budget", "128MiB", trials=6, confirm=2), cwd=tmp_path,
                           capture_output=True, text=True, timeout=240,
                           # trial numbers that run a worker at --seed 0 (4 and 7 are sampled repeats of evaluated
                           # configs, answered from the study; 6 is 5's retry)
@@ -183,7 +191,7 @@ def test_search_process_killed_mid_trial_is_recovered(tmp_path: Path, seed_graph
     """``kill -9`` of the search process while a worker runs: the worker dies with it (no orphan finishes its
     measurement behind the resumed run's back); the next run fails that trial and redoes it."""
     seed_graph(tmp_path / "studies", STUDY)
-    first = subprocess.run(_cmd(trials=6), cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    first = _run(_cmd(trials=6), cwd=tmp_path, capture_output=True, text=True, timeout=120,
                            env=_env("ok@0,ok@1,ok@2,die@*"))
     assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr)
     study = _study(tmp_path)
@@ -198,7 +206,7 @@ def test_search_process_killed_mid_trial_is_recovered(tmp_path: Path, seed_graph
     injected = _injected(tmp_path)
     assert injected == {dead.number: "die"}  # the worker was running its trial when its parent died
     assert orphans == 0 and not (trial_dir / "result.json").exists()
-    second = subprocess.run(_cmd(trials=6), cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    second = _run(_cmd(trials=6), cwd=tmp_path, capture_output=True, text=True, timeout=120,
                             env=_env("ok@*"))
     assert second.returncode == 0, second.stderr
     study = _study(tmp_path)
@@ -218,7 +226,7 @@ def test_machine_caused_failure_is_queued_again_and_measured(tmp_path: Path, see
     """A worker that cannot write its result (the study folder turned read-only) failed because of the machine:
     the trial is queued again and measured once the fault is gone; it does not count as an evaluated config."""
     seed_graph(tmp_path / "studies", STUDY)
-    proc = subprocess.run(_cmd(trials=5), cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    proc = _run(_cmd(trials=5), cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env=_env("ok@0,ok@1,rofs@2,ok@*"))
     assert proc.returncode == 0, proc.stderr
     study = _study(tmp_path)
@@ -356,7 +364,7 @@ def test_interrupt_stops_the_trial_keeps_outputs_and_resumes(sig: int, tmp_path:
             if t.state == optuna.trial.TrialState.COMPLETE}
     assert len(done) >= 3
 
-    rerun = subprocess.run(_cmd(trials=6), cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    rerun = _run(_cmd(trials=6), cwd=tmp_path, capture_output=True, text=True, timeout=120,
                            env=_env("ok@*"))
     assert rerun.returncode == 0, rerun.stderr
     study = _study(tmp_path)
@@ -376,7 +384,7 @@ def test_interrupt_stops_the_trial_keeps_outputs_and_resumes(sig: int, tmp_path:
 def test_parallel_workers_with_faults(tmp_path: Path, seed_graph) -> None:
     """``--workers 3``: three trial workers at once on one study, one of them killed; nothing lost or redone."""
     seed_graph(tmp_path / "studies", STUDY)
-    proc = subprocess.run(_cmd("--workers", "3", "--trial-timeout", "3", trials=9), cwd=tmp_path,
+    proc = _run(_cmd("--workers", "3", "--trial-timeout", "3", trials=9), cwd=tmp_path,
                           capture_output=True, text=True, timeout=120, env=_env("kill@4,oom@6,ok@*"))
     assert proc.returncode == 0, proc.stderr
     study = _study(tmp_path)
