@@ -111,10 +111,13 @@ def _server(env: dict[str, str], preload: Sequence[str], whole_env: bool) -> _Se
     with _SERVERS_LOCK:
         server = _SERVERS.get(key)
         if server is None or not server.alive():
-            idle = [k for k, v in _SERVERS.items() if k[0] == key[0] and not v.in_flight]
-            while len([k for k in _SERVERS if k[0] == key[0]]) >= _MAX_SERVERS_PER_PRELOAD and idle:
-                _SERVERS.pop(idle.pop(0)).close()  # each holds its imports' memory (TF: about 0.5 GB)
-            if len([k for k in _SERVERS if k[0] == key[0]]) >= _MAX_SERVERS_PER_PRELOAD:
+            same_kind = [k for k in _SERVERS if k[0] == key[0]]
+            idle = [k for k in same_kind if not _SERVERS[k].in_flight]
+            while len(same_kind) >= _MAX_SERVERS_PER_PRELOAD and idle:  # each holds its imports' memory (TF: ~0.5 GB)
+                oldest = idle.pop(0)
+                same_kind.remove(oldest)
+                _SERVERS.pop(oldest).close()
+            if len(same_kind) >= _MAX_SERVERS_PER_PRELOAD:
                 return None  # each runs a command: closing one would end it
             try:
                 server = _Server(env, preload)
@@ -177,7 +180,7 @@ def _forked(server: _Server, cmd: list[str], argv: Sequence[str], *, cwd: Path |
             for fd in ready:
                 if fd == mine.fileno():
                     data = mine.recv(_MAX_MESSAGE)
-                    if not data:  # the server is gone: so is the command (its parent-death signal)
+                    if not data:  # the server is gone, and the command's exit status with it: count it killed
                         open_fds.remove(fd)
                         returncode = -signal.SIGKILL if returncode is None else returncode
                         continue
@@ -261,7 +264,7 @@ def _send(sock: socket.socket, doc: dict) -> None:
 
 
 def _command(req: dict, out_fd: int, err_fd: int) -> None:
-    """In the fork: become ``python -m tuner ARGS`` started from nothing, run it, exit as Python would."""
+    """In the fork: become ``python ARGV`` started from nothing, run it, exit as Python would."""
     code = 1
     try:
         os.setsid()

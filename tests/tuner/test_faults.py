@@ -47,8 +47,7 @@ def _cmd(*extra: str, trials: int = 8, confirm: int = 0) -> list[str]:
             "--timeout", "0", "--confirm", str(confirm), "-q", *extra]
 
 
-def _run(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float, **_: object
-         ) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True)`` for a `_cmd` command, forked (tests/forked_cli.py)."""
     return forked_cli.run(cmd[3:], cwd=cwd, env=env, timeout=timeout)
 
@@ -122,10 +121,10 @@ def test_fault_hook_parsing() -> None:
 def test_each_fault_is_recorded_and_the_study_continues(tmp_path: Path, seed_graph) -> None:
     seed_graph(tmp_path / "studies", STUDY)
     start = time.monotonic()
-    proc = _run(_cmd("--trial-timeout", "3"), cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          # trial numbers that run a worker at --seed 0 (a sampled config equal to one
-                          # already evaluated is answered from the study and injects nothing)
-                          env=_env("kill@2,oom@3,hang@5,raise@6,ok@*"))
+    proc = _run(_cmd("--trial-timeout", "3"), cwd=tmp_path, timeout=120,
+                # trial numbers that run a worker at --seed 0 (a sampled config equal to one
+                # already evaluated is answered from the study and injects nothing)
+                env=_env("kill@2,oom@3,hang@5,raise@6,ok@*"))
     assert proc.returncode == 0, proc.stderr
     study = _study(tmp_path)
     injected = _injected(tmp_path)
@@ -155,10 +154,10 @@ def test_each_fault_in_a_fresh_process_trial_is_recorded(tmp_path: Path, seed_gr
     queues the trial again, whose retry goes on from the processes already run."""
     seed_graph(tmp_path / "studies", STUDY)
     proc = _run(_cmd("--trial-timeout", "3", "--budget", "128MiB", trials=6, confirm=2), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=240,
-                          # trial numbers that run a worker at --seed 0 (4 and 7 are sampled repeats of evaluated
-                          # configs, answered from the study; 6 is 5's retry)
-                          env=_env("fits30@0,kill@1,oom@2,hang@3,rofs@5,raise@8,fits120@*"))
+                timeout=240,
+                # trial numbers that run a worker at --seed 0 (4 and 7 are sampled repeats of evaluated
+                # configs, answered from the study; 6 is 5's retry)
+                env=_env("fits30@0,kill@1,oom@2,hang@3,rofs@5,raise@8,fits120@*"))
     assert proc.returncode == 0, proc.stderr
     study = _study(tmp_path)
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
@@ -191,8 +190,8 @@ def test_search_process_killed_mid_trial_is_recovered(tmp_path: Path, seed_graph
     """``kill -9`` of the search process while a worker runs: the worker dies with it (no orphan finishes its
     measurement behind the resumed run's back); the next run fails that trial and redoes it."""
     seed_graph(tmp_path / "studies", STUDY)
-    first = _run(_cmd(trials=6), cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                           env=_env("ok@0,ok@1,ok@2,die@*"))
+    first = _run(_cmd(trials=6), cwd=tmp_path, timeout=120,
+                 env=_env("ok@0,ok@1,ok@2,die@*"))
     assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr)
     study = _study(tmp_path)
     running = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.RUNNING]
@@ -206,8 +205,8 @@ def test_search_process_killed_mid_trial_is_recovered(tmp_path: Path, seed_graph
     injected = _injected(tmp_path)
     assert injected == {dead.number: "die"}  # the worker was running its trial when its parent died
     assert orphans == 0 and not (trial_dir / "result.json").exists()
-    second = _run(_cmd(trials=6), cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                            env=_env("ok@*"))
+    second = _run(_cmd(trials=6), cwd=tmp_path, timeout=120,
+                  env=_env("ok@*"))
     assert second.returncode == 0, second.stderr
     study = _study(tmp_path)
     trials = study.get_trials(deepcopy=False)
@@ -226,8 +225,8 @@ def test_machine_caused_failure_is_queued_again_and_measured(tmp_path: Path, see
     """A worker that cannot write its result (the study folder turned read-only) failed because of the machine:
     the trial is queued again and measured once the fault is gone; it does not count as an evaluated config."""
     seed_graph(tmp_path / "studies", STUDY)
-    proc = _run(_cmd(trials=5), cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env=_env("ok@0,ok@1,rofs@2,ok@*"))
+    proc = _run(_cmd(trials=5), cwd=tmp_path, timeout=120,
+                env=_env("ok@0,ok@1,rofs@2,ok@*"))
     assert proc.returncode == 0, proc.stderr
     study = _study(tmp_path)
     trials = study.get_trials(deepcopy=False)
@@ -364,8 +363,8 @@ def test_interrupt_stops_the_trial_keeps_outputs_and_resumes(sig: int, tmp_path:
             if t.state == optuna.trial.TrialState.COMPLETE}
     assert len(done) >= 3
 
-    rerun = _run(_cmd(trials=6), cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                           env=_env("ok@*"))
+    rerun = _run(_cmd(trials=6), cwd=tmp_path, timeout=120,
+                 env=_env("ok@*"))
     assert rerun.returncode == 0, rerun.stderr
     study = _study(tmp_path)
     trials = study.get_trials(deepcopy=False)
@@ -385,7 +384,7 @@ def test_parallel_workers_with_faults(tmp_path: Path, seed_graph) -> None:
     """``--workers 3``: three trial workers at once on one study, one of them killed; nothing lost or redone."""
     seed_graph(tmp_path / "studies", STUDY)
     proc = _run(_cmd("--workers", "3", "--trial-timeout", "3", trials=9), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, env=_env("kill@4,oom@6,ok@*"))
+                timeout=120, env=_env("kill@4,oom@6,ok@*"))
     assert proc.returncode == 0, proc.stderr
     study = _study(tmp_path)
     trials = study.get_trials(deepcopy=False)
