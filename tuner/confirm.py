@@ -58,12 +58,18 @@ if TYPE_CHECKING:
     from .backends.base import Backend, SearchRun
 
 __all__ = ["CONFIRMATIONS_ATTR", "METHOD", "RULE", "RECORDED_FIGURES", "FreshRuns", "confirm_recommendation",
-           "confirmed_figures", "fresh_process_trials", "measure_trial", "next_batch", "retime_in_fresh_processes"]
+           "confirmed_figures", "fresh_process_trials", "max_processes", "measure_trial", "next_batch",
+           "retime_in_fresh_processes"]
 
 log = logging.getLogger(__name__)
 
 #: Fresh processes per bracket beyond the ``--confirm`` repeats (a bracket usually closes in 3-5).
 EXTRA_PROCESSES = 8
+#: More of them for a config in TensorFlow's own order (``schedule="tf"``: the no-LMS baseline), whose verdicts do
+#: not repeat between processes (ResNet-50 64x64, no LMS: 30 and 29 each fitted once and failed once in one
+#: default search, which spent its 10 processes with 28 fitted once). Those processes are the short ones (about
+#: 10-15 s against 30-40 s for the pinned pick on a quiet 2-core machine).
+UNPINNED_EXTRA_PROCESSES = 6
 #: Fresh processes a trial's timed run may take when its in-process timed runs did not fit
 #: (`retime_in_fresh_processes`, ``--confirm 0``).
 RETIME_PROCESSES = 3
@@ -89,6 +95,11 @@ class FreshRuns:
     runs: tuple[dict[str, Any], ...]
     start: int
     no_verdict: WorkerOutcome | None = None
+
+
+def max_processes(config: Any, repeats: int) -> int:
+    """How many fresh processes a bracket of `config` may take in all, its `repeats` included (`next_batch`)."""
+    return repeats + EXTRA_PROCESSES + (UNPINNED_EXTRA_PROCESSES if config.schedule == "tf" else 0)
 
 
 def _entry_for(run: "SearchRun", config: Any, number: int) -> dict[str, Any]:
@@ -140,7 +151,7 @@ def measure_trial(run: "SearchRun", backend: "Backend", config: Any, number: int
              "start_from": start_from, "runs": runs, "closed": False, "repeats": 1}
     while True:
         batch = next_batch(runs, start=start, repeats=1, cap=s.max_batch, usable=run.usable,
-                           slope=pred.slope_bytes_per_sample, max_processes=1 + EXTRA_PROCESSES)
+                           slope=pred.slope_bytes_per_sample, max_processes=max_processes(config, 1))
         if batch is None:
             _store(run, number, {**entry, "runs": runs, "closed": True})
             return FreshRuns(tuple(runs), start)
@@ -216,7 +227,7 @@ def _side_by_side(run: "SearchRun", backend: "Backend", trials: list[Any], *, gp
         for number in list(open_):
             t, entry, runs, start, pred = state[number]
             batch = next_batch(runs, start=start, repeats=s.confirm, cap=s.max_batch, usable=run.usable,
-                               slope=pred.slope_bytes_per_sample, max_processes=s.confirm + EXTRA_PROCESSES)
+                               slope=pred.slope_bytes_per_sample, max_processes=max_processes(_config(t), s.confirm))
             base_entry = {**entry, "config": dict(t.user_attrs["config"]), "method": METHOD, "start": start,
                           "repeats": s.confirm}
             if not entry.get("fresh_trial"):

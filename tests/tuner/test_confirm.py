@@ -390,3 +390,34 @@ def test_plain_peaks_are_read_from_the_graph_cache_or_left_out(tmp_path: Path) -
     (tmp_path / "graph.json").write_text(json.dumps({"op_costs": {"schema": "other"},
                                                      "plain_peaks": {"batches": [4, 16], "peak_bytes": [7, 9]}}))
     assert load_profile(settings) == (None, {4: 7, 16: 9})  # bad op times do not cost the peaks
+
+
+def test_a_bracket_in_tensorflows_own_order_gets_the_processes_its_noisy_verdicts_need() -> None:
+    """The no-LMS baseline runs in TensorFlow's own order, whose verdicts do not repeat between processes: the ten
+    processes a quiet default search gave it (ResNet-50 64x64, 547.2 MiB usable, 2026-12-04) left 28 fitted once,
+    so the search ended unconfirmed. A config in TF's order gets `UNPINNED_EXTRA_PROCESSES` more; a pinned one
+    (its verdicts repeat to the byte) does not."""
+    from lms.config import LMSConfig
+    from tuner.confirm import EXTRA_PROCESSES, UNPINNED_EXTRA_PROCESSES, max_processes
+
+    seen = [(34, "infeasible", 583622400), (32, "infeasible", 581240832), (25, "ok", 551561728),
+            (30, "ok", 563120128), (31, "infeasible", 578013184), (30, "infeasible", 599545344),
+            (27, "ok", 568182784), (28, "ok", 554349824), (29, "ok", 558566912), (29, "infeasible", 577645056)]
+    runs = [{"batch": b, "status": st, "peak_device_bytes": p} for b, st, p in seen]
+    usable = int(547.2 * (1 << 20))
+    baseline, pick = LMSConfig(), LMSConfig(n_tensors=170, lb=1, schedule="memory")
+    assert baseline.schedule == "tf"
+    assert max_processes(pick, 2) == 2 + EXTRA_PROCESSES == len(runs)
+    assert max_processes(baseline, 2) == 2 + EXTRA_PROCESSES + UNPINNED_EXTRA_PROCESSES > len(runs)
+
+    def step(limit: int) -> int | None:
+        return next_batch(runs, start=34, repeats=2, cap=4096, usable=usable, slope=None, max_processes=limit)
+
+    assert step(max_processes(pick, 2)) is None  # spent: 28 fitted in 1 of the 2 processes asked
+    assert step(max_processes(baseline, 2)) == 28  # the repeat the bracket still needs
+    runs.append({"batch": 28, "status": "ok", "peak_device_bytes": 551000000})
+    assert step(max_processes(baseline, 2)) is None  # closed: 28 fitted twice, 29 did not
+    got = confirmed_figures(SimpleNamespace(number=0, user_attrs={}),
+                            {"0": {"method": METHOD, "runs": [{**r, "process": i + 1} for i, r in enumerate(runs)],
+                                   "fresh_trial": True, "closed": True}})
+    assert (got["batch_size"], got["fits"], got["smallest_failing"]) == (28, 2, 29)
