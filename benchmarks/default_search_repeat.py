@@ -52,6 +52,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 WORKDIR = RESULTS / "cache" / "default_search_repeat"
 TARGET_WALL_S = 300.0
 TARGET_SPREAD = {"": 0.0, "cpu": 0.02}  # quiet: the same batch; one busy process beside: within 2%
+#: A start is quiet under this 1-minute load average (`settle` waits for it before each run).
+QUIET_LOAD = 0.5
 PHASE_LINE = re.compile(r"^\[(tracing|screening|measuring|confirming)\]")
 _BUSY = "import time\nwhile True:\n    sum(i * i for i in range(10000))\n"
 
@@ -61,11 +63,24 @@ def _busy_process() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", _BUSY], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def one_run(tag: str, *, model: str, extra: list[str], beside: str) -> dict[str, Any]:
+def settle(limit_s: float) -> float:
+    """Wait until the 1-minute load average is under `QUIET_LOAD` (at most `limit_s`); the seconds waited.
+
+    Runs go one after another, and the load average decays over a minute (from 2 to 0.5 in about
+    85 s): without the wait the next run's "load at start" is mostly the run before it.
+    """
+    start = time.monotonic()
+    while os.getloadavg()[0] >= QUIET_LOAD and time.monotonic() - start < limit_s:
+        time.sleep(5)
+    return round(time.monotonic() - start, 1)
+
+
+def one_run(tag: str, *, model: str, extra: list[str], beside: str, settle_s: float) -> dict[str, Any]:
     folder = WORKDIR / tag
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     cmd = [sys.executable, "-m", "tuner", "search", "--model", model, "--no-report", *extra]
+    waited = settle(settle_s)
     load = os.getloadavg()[0]
     busy = _busy_process() if beside == "cpu" else None
     start = time.monotonic()
@@ -100,6 +115,7 @@ def one_run(tag: str, *, model: str, extra: list[str], beside: str) -> dict[str,
     study = next((m.group(1) for _, line in stamped if (m := re.match(r"study (\S+): model", line))), "")
     out: dict[str, Any] = {"tag": tag, "command": " ".join(["python", *cmd[1:]]), "returncode": proc.returncode,
                            "wall_s": round(wall, 1), "phases_s": phases, "load_average_at_start": round(load, 2),
+                           "settled_s": waited,
                            "beside": beside or None, "last_line": stamped[-1][1] if stamped else ""}
     rec = folder / "studies" / study / "recommended.json"
     if not study or not rec.exists():
@@ -138,7 +154,7 @@ def summarise(rows: list[dict[str, Any]], *, beside: str) -> dict[str, Any]:
         "target_spread": TARGET_SPREAD[beside], "same_config": len(configs) == 1 and len(ok) == len(rows),
         "all_confirmed": bool(ok) and len(ok) == len(rows) and all(r.get("confirmed") is True for r in ok),
         "within_spread": spread is not None and spread <= TARGET_SPREAD[beside] + 1e-12,
-        "quiet_at_start": all(r["load_average_at_start"] < 0.5 for r in rows),
+        "quiet_at_start": all(r["load_average_at_start"] < QUIET_LOAD for r in rows),
     }
 
 
@@ -150,17 +166,22 @@ def main() -> int:
     ap.add_argument("--model", default="resnet50", help="the search's --model (default: %(default)s)")
     ap.add_argument("--beside", choices=("", "cpu"), default="", help="cpu: one CPU-bound process beside each run")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more search options, e.g. --budget 48MiB")
+    ap.add_argument("--settle", type=float, default=150.0,
+                    help="before each run, wait at most this many seconds for the 1-minute load average to fall "
+                         f"under {QUIET_LOAD} (default: %(default)s; 0: do not wait)")
     args = ap.parse_args()
     tag = args.tag or ("busy" if args.beside else "run")
     rows = []
     for i in range(1, args.runs + 1):
-        row = one_run(f"{tag}{i}", model=args.model, extra=list(args.extra), beside=args.beside)
+        row = one_run(f"{tag}{i}", model=args.model, extra=list(args.extra), beside=args.beside,
+                      settle_s=args.settle)
         rows.append(row)
         if "error" in row:
             print(f"run {i}: failed ({row['returncode']}, {row['wall_s']:.0f} s): {row['error']}", flush=True)
             continue
         print(f"run {i} ({row['wall_s']:.0f} s; phases {row['phases_s']}; load at start "
-              f"{row['load_average_at_start']}): {'confirmed' if row['confirmed'] else 'NOT CONFIRMED'} batch "
+              f"{row['load_average_at_start']} after {row['settled_s']} s of waiting): "
+              f"{'confirmed' if row['confirmed'] else 'NOT CONFIRMED'} batch "
               f"{row['batch']} (processes {row['process_batches']}), {row['throughput']} samples/s, {row['config']}; "
               f"no LMS {row['baseline_batch']} (processes {row['baseline_process_batches']}) -> "
               f"{row['batch_ratio']}x batch at {row['throughput_ratio']}x throughput", flush=True)
