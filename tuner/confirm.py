@@ -215,19 +215,20 @@ def _side_by_side(run: "SearchRun", backend: "Backend", trials: list[Any], *, gp
     for t in trials:
         entry = stored_confirmations(run.main).get(str(t.number)) or {}
         runs = list(entry.get("runs") or []) if entry.get("method") == METHOD else []
-        pred = run.predict(_config(t))
+        config = _config(t)
+        pred = run.predict(config)
         # the simulator's batch, not the trial's: a trial's in-process batch depends on its probe path, and
         # fresh-process peaks are jagged in the batch (ResNet-50 64x64, n_tensors=170, lb=1, memory: 160
         # peaked 575.3 MB, over the 573.8 usable, 161 567.1, 175 573.3, each to the byte in every process)
-        start, start_from = _start(run, entry, _config(t), pred, fallback=(int(t.user_attrs["batch_size"]), "trial"))
+        start, start_from = _start(run, entry, config, pred, fallback=(int(t.user_attrs["batch_size"]), "trial"))
         entry = {**entry, "start_from": start_from}
-        state[t.number] = (t, entry, runs, start, pred)
+        state[t.number] = (t, config, entry, runs, start, pred)
     open_ = list(state)
     while open_:
         for number in list(open_):
-            t, entry, runs, start, pred = state[number]
+            t, config, entry, runs, start, pred = state[number]
             batch = next_batch(runs, start=start, repeats=s.confirm, cap=s.max_batch, usable=run.usable,
-                               slope=pred.slope_bytes_per_sample, max_processes=max_processes(_config(t), s.confirm))
+                               slope=pred.slope_bytes_per_sample, max_processes=max_processes(config, s.confirm))
             base_entry = {**entry, "config": dict(t.user_attrs["config"]), "method": METHOD, "start": start,
                           "repeats": s.confirm}
             if not entry.get("fresh_trial"):
@@ -239,7 +240,7 @@ def _side_by_side(run: "SearchRun", backend: "Backend", trials: list[Any], *, gp
                 continue
             got = None
             if run.deadline is None or time.monotonic() < run.deadline:
-                got = _run_once(run, backend, _config(t), number, batch, len(runs) + 1, gpu=gpu, measure=measure)
+                got = _run_once(run, backend, config, number, batch, len(runs) + 1, gpu=gpu, measure=measure)
             if got is None:  # the deadline passed before or while it ran
                 notes.append(f"trial {number} was measured in {len(runs)} fresh processes, its bracket not yet "
                              "closed: the time limit (--timeout) was reached")
