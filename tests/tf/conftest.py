@@ -52,6 +52,17 @@ def assert_bitwise(expected: RunResult, got: RunResult) -> None:
         assert np.array_equal(a, b), f"optimizer variable {i} differs"
 
 
+def check_pinned_schedule(step, model: str) -> None:
+    """The step's config pins something, and a headroom prefetch moved swap-ins (mlp at batch 6: no pinnable op
+    touches 4 KiB, its MatMuls being fused or Grappler-rewritable, so nothing to pin or to move them behind)."""
+    from lms.schedule import schedule_ops
+
+    sched = schedule_ops(step.graph, step.plan)
+    assert sched.edges or model == "mlp", "the config pins something"
+    if step.plan.config.prefetch == "headroom":
+        assert sched.prefetch_share > 0 or model == "mlp"
+
+
 @dataclass
 class Case:
     """A model with fixed data, initial weights and optimizer state, trained k steps on demand."""

@@ -24,7 +24,7 @@ tf = pytest.importorskip("tensorflow")
 import lms  # noqa: E402
 from lms import LMSConfig  # noqa: E402
 from lms.tf.exact import ExactUnavailable, build_exact_step, unpinnable_reason  # noqa: E402
-from tests.tf.conftest import assert_bitwise  # noqa: E402
+from tests.tf.conftest import assert_bitwise, check_pinned_schedule  # noqa: E402
 
 pytestmark = [pytest.mark.tf]
 
@@ -54,6 +54,7 @@ def test_a_step_pinned_whole_trains_bitwise_identically(cases, model, config_nam
     assert whole.order.edges
     for a, b in whole.order.edges:
         assert a in {c.name for c in ops[b].control_inputs}, (a, b)
+    check_pinned_schedule(step, model)  # what tests/tf/test_pin.py checked of these configs
 
 
 @pytest.mark.parametrize("config_name", ["memory-all", "memory-recompute-fused"])
