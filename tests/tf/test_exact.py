@@ -57,21 +57,6 @@ def test_a_step_pinned_whole_trains_bitwise_identically(cases, model, config_nam
     check_pinned_schedule(step, model)  # what tests/tf/test_pin.py checked of these configs
 
 
-@pytest.mark.parametrize("config_name", ["memory-all", "memory-recompute-fused"])
-def test_resnet50_pinned_whole_trains_bitwise_identically(cases, config_name):
-    case = cases["resnet50"]
-    step = lms.function(case.step_fn(), config=CONFIGS[config_name], emulate=True)
-    assert_bitwise(case.baseline, case.run(step))
-    assert step.pinned_whole is not None, step.whole_reason
-    # oneDNN merges each conv's filter and bias gradients, and conv1's pad into conv1 where nothing else reads
-    # the pad (with recomputation; swapped, the pad has a second reader): the chain kept every pair adjacent
-    # with the same control inputs (else oneDNN picks other kernels and the check refuses)
-    order = step.pinned_whole.order
-    kernels = step.pinned_whole.kernels
-    assert order.merged and any("WithBias" in k for k in kernels)
-    assert bool(order.fused) == any("PadWith" in k for k in kernels) == (config_name == "memory-recompute-fused")
-
-
 def test_the_dry_runs_leave_the_step_and_its_variables_untouched(cases):
     case = cases["cnn_bn"]
     case.reset()
