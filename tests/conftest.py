@@ -66,9 +66,32 @@ def pytest_xdist_auto_num_workers(config) -> int:  # noqa: ARG001
     intra-op thread per worker (``TF_NUM_INTRAOP_THREADS=1``) change a two-file run's time.
 
     Tests of one file run in one worker (``--dist loadfile``): the models and studies a file
-    traces once stay shared by its tests.
+    traces once stay shared by its tests. The files go out longest first (`pytest_collection_modifyitems`).
     """
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
+
+
+# Seconds each file took in one worker, measured with the suite on an idle 2-core machine (2026-12-04, a
+# timeline of every test's start and end per worker, after the changes to tests/tf of that day): files of 10 s
+# or more. With ``--no-loadscope-reorder`` (pyproject.toml) pytest-xdist hands out files in collection order,
+# and this order puts the longest first. By its own rule (most tests first) a file of two 25-second tests ran
+# last, and one worker finished 31 s before the other.
+FILE_SECONDS = {
+    "tests/tf/test_realworld.py": 133, "tests/tf/test_bitwise.py": 76, "tests/tf/test_models.py": 73,
+    "tests/tuner/test_cli.py": 55, "tests/tuner/test_faults.py": 54, "tests/tuner/test_reliability3.py": 51,
+    "tests/tf/test_measure.py": 47, "tests/tuner/test_confirm.py": 44, "tests/tf/test_exact.py": 33,
+    "tests/tf/test_pin.py": 33, "tests/tuner/test_postgres.py": 32, "tests/tuner/test_zygote.py": 30,
+    "tests/tuner/test_one_truth.py": 27, "tests/test_zoo_search.py": 26, "tests/tuner/test_fixed_batch.py": 24,
+    "tests/tf/test_auto.py": 23, "tests/tf/test_recompute.py": 16, "tests/test_simulator.py": 15,
+    "tests/tuner/test_reliability.py": 15, "tests/tuner/test_oom.py": 15, "tests/tuner/test_forked_cli.py": 14,
+    "tests/test_gpu_check.py": 13, "tests/tuner/test_host_budget.py": 13, "tests/tf/test_keras_fit.py": 12,
+    "tests/tf/test_emulated_memory.py": 12,
+}
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:  # noqa: ARG001
+    """The longest files first (`FILE_SECONDS`), then the rest in collection order; a file's tests keep theirs."""
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.nodeid.split("::", 1)[0], 0))

@@ -156,3 +156,11 @@ def test_the_checker_sees_a_circle(tmp_path, monkeypatch):
     mods = _modules("demo")
     monkeypatch.setitem(globals(), "ALL", mods)
     assert _circles("demo") == [["demo.a", "demo.b"]]
+
+
+def test_the_suites_longest_first_order_names_files_that_exist() -> None:
+    """tests/conftest.py's `FILE_SECONDS` orders the files for pytest-xdist: a renamed file would drop out of it."""
+    from tests.conftest import FILE_SECONDS
+
+    root = Path(__file__).resolve().parents[1]
+    assert [name for name in FILE_SECONDS if not (root / name).is_file()] == []
