@@ -136,9 +136,13 @@ def test_a_zygote_with_a_running_worker_is_not_closed_for_another_environment(tm
     env_b = {**env_a, "LMS_TEST_ENV": "b"}
     done = threading.Event()
     outcome: list = []
+    # A's worker runs until the test stops it. It traced ResNet-50 once, and on a loaded machine that trace
+    # ended before B's worker, started from nothing, did (CI at fbe8a64).
+    held = tmp_path / "held.py"
+    held.write_text("import time\n\n\ndef make_workload():\n    time.sleep(300)\n")
     long_run = threading.Thread(target=lambda: outcome.append(run_worker(
-        TraceRequest(workload="resnet50", output=str(tmp_path / "r.json")), workdir=tmp_path / "a", timeout_s=300,
-        env=env_a, should_stop=done.is_set)))
+        TraceRequest(workload=f"{held}:make_workload", output=str(tmp_path / "r.json")), workdir=tmp_path / "a",
+        timeout_s=300, env=env_a, should_stop=done.is_set)))
     long_run.start()
     try:
         deadline = time.monotonic() + 120
