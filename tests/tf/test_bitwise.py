@@ -84,20 +84,23 @@ RESNET50_RUNS = {
     "memory-serialization-branches-device": (
         LMSConfig(n_tensors=100, lb=5, schedule="memory", serialization=["1:"], swap_branches=True,
                   branch_threshold=5), False),
-    # pinned whole (lms.tf.exact): every op of TF's optimized graph on one chain
-    "memory-all-whole-emulated": (LMSConfig(n_tensors=-1, schedule="memory"), True),
-    "memory-recompute-fused-whole-emulated": (
-        LMSConfig(n_tensors=-1, schedule="memory", recompute="cheap", fuse_swapins=True), True),
+}
+# pinned whole (lms.tf.exact): every op of TF's optimized graph on one chain; emulated swap ops
+RESNET50_WHOLE_RUNS = {
+    "memory-all": LMSConfig(n_tensors=-1, schedule="memory"),
+    "memory-recompute-fused": LMSConfig(n_tensors=-1, schedule="memory", recompute="cheap", fuse_swapins=True),
 }
 
 
 def resnet50_worker() -> dict[str, dict]:
-    """Every `RESNET50_RUNS` entry against one baseline; raises if one is not bitwise identical."""
+    """Every `RESNET50_RUNS` and `RESNET50_WHOLE_RUNS` entry against one baseline; raises if one is not bitwise
+    identical."""
     from tests.tf.conftest import BUILDERS
 
     case = BUILDERS["resnet50"]()
     out = {}
-    for name, (config, emulate) in RESNET50_RUNS.items():
+    runs = {**RESNET50_RUNS, **{f"{name}-whole": (config, True) for name, config in RESNET50_WHOLE_RUNS.items()}}
+    for name, (config, emulate) in runs.items():
         step = _check_lms_run(case, config, emulate=emulate)
         out[name] = {"n_swapped": step.summary.n_swapped,
                      "kinds": sorted({s.kind for s in step.summary.swapped})}
@@ -124,7 +127,7 @@ def resnet50_results():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("run", [name for name in RESNET50_RUNS if "whole" not in name])
+@pytest.mark.parametrize("run", list(RESNET50_RUNS))
 def test_resnet50_trains_bitwise_identically(resnet50_results, run):
     result = resnet50_results[run]
     assert result["n_swapped"] >= 50
@@ -132,19 +135,19 @@ def test_resnet50_trains_bitwise_identically(resnet50_results, run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("run", [name for name in RESNET50_RUNS if "whole" in name])
+@pytest.mark.parametrize("run", list(RESNET50_WHOLE_RUNS))
 def test_resnet50_pinned_whole_trains_bitwise_identically(resnet50_results, run):
     """Pinned whole (`lms.tf.exact`), ResNet-50 trains bit for bit like the plain step.
 
     oneDNN merges each conv's filter and bias gradients, and conv1's pad into conv1 where nothing else reads
     the pad (with recomputation; swapped, the pad has a second reader): the chain kept every pair adjacent
     with the same control inputs (else oneDNN picks other kernels and the check refuses)."""
-    result = resnet50_results[run]
+    result = resnet50_results[f"{run}-whole"]
     assert "whole" in result, result.get("whole_reason")
     whole = result["whole"]
     assert result["n_swapped"] >= 50
     assert whole["merged"] and whole["with_bias"]
-    assert whole["fused"] == whole["pad_with"] == ("recompute" in run)
+    assert whole["fused"] == whole["pad_with"] == (RESNET50_WHOLE_RUNS[run].recompute != "none")
 
 
 @pytest.mark.parametrize("emulate", [True, False])
