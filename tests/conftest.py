@@ -74,21 +74,21 @@ def pytest_xdist_auto_num_workers(config) -> int:  # noqa: ARG001
         return max(1, os.cpu_count() or 1)
 
 
-# Seconds each file took in one worker, measured with the suite on an idle 2-core machine (2026-12-04, a
-# timeline of every test's start and end per worker, after the changes to tests/tf of that day): files of 10 s
-# or more. With ``--no-loadscope-reorder`` (pyproject.toml) pytest-xdist hands out files in collection order,
-# and this order puts the longest first. By its own rule (most tests first) a file of two 25-second tests ran
-# last, and one worker finished 31 s before the other.
+# Seconds each file took in one worker, measured with the suite on an idle 2-core machine at bc59be7 (2026-12-04,
+# a timeline of every test's start and end per worker, kept outside the repository): files of 10 s or more. With
+# ``--no-loadscope-reorder`` (pyproject.toml) pytest-xdist hands out files in collection order, and this order puts
+# the longest first. By its own rule (most tests first) a file of two 25-second tests ran last, and one worker
+# finished 31 s before the other.
 FILE_SECONDS = {
-    "tests/tf/test_realworld.py": 133, "tests/tf/test_bitwise.py": 76, "tests/tf/test_models.py": 73,
-    "tests/tuner/test_cli.py": 55, "tests/tuner/test_faults.py": 54, "tests/tuner/test_reliability3.py": 51,
-    "tests/tf/test_measure.py": 47, "tests/tuner/test_confirm.py": 44, "tests/tf/test_exact.py": 33,
-    "tests/tf/test_pin.py": 33, "tests/tuner/test_postgres.py": 32, "tests/tuner/test_zygote.py": 30,
-    "tests/tuner/test_one_truth.py": 27, "tests/test_zoo_search.py": 26, "tests/tuner/test_fixed_batch.py": 24,
-    "tests/tf/test_auto.py": 23, "tests/tf/test_recompute.py": 16, "tests/test_simulator.py": 15,
-    "tests/tuner/test_reliability.py": 15, "tests/tuner/test_oom.py": 15, "tests/tuner/test_forked_cli.py": 14,
-    "tests/test_gpu_check.py": 13, "tests/tuner/test_host_budget.py": 13, "tests/tf/test_keras_fit.py": 12,
-    "tests/tf/test_emulated_memory.py": 12,
+    "tests/tf/test_realworld.py": 119, "tests/tf/test_bitwise.py": 79, "tests/tuner/test_faults.py": 58,
+    "tests/tuner/test_cli.py": 57, "tests/tf/test_models.py": 56, "tests/tuner/test_reliability3.py": 44,
+    "tests/tf/test_pin.py": 42, "tests/tuner/test_confirm.py": 38, "tests/tf/test_measure.py": 36,
+    "tests/tf/test_exact.py": 28, "tests/tuner/test_one_truth.py": 28, "tests/tuner/test_fixed_batch.py": 23,
+    "tests/tf/test_auto.py": 22, "tests/test_zoo_search.py": 19, "tests/tuner/test_zygote.py": 19,
+    "tests/tuner/test_postgres.py": 19, "tests/test_simulator.py": 16, "tests/tuner/test_oom.py": 15,
+    "tests/tf/test_recompute.py": 14, "tests/tf/test_keras_fit.py": 13, "tests/tuner/test_forked_cli.py": 12,
+    "tests/tuner/test_reliability.py": 12, "tests/tuner/test_host_budget.py": 11, "tests/test_gpu_check.py": 11,
+    "tests/tf/test_apply.py": 10,
 }
 
 
