@@ -431,6 +431,36 @@ def test_09_10_best_and_list_check_what_recommended_json_says(small_study: Path)
     assert strict_json_loads(proc.stdout)["study"] == "r"
 
 
+#: Run as ``python -m probe``: the CLI, interrupted inside code that runs from source text (as dataclasses'
+#: methods are built at import), the way the report above was once cut off (exit -2 instead of 1).
+INTERRUPT_IN_EXEC = """
+import os, signal, time
+
+from tuner.cli import main, run
+
+real_build_parser = run.build_parser
+
+
+def build_parser():
+    exec("os.kill(os.getpid(), signal.SIGINT)\\nwhile True: time.sleep(0.01)", {"os": os, "signal": signal, "time": time})
+    return real_build_parser()
+
+
+run.build_parser = build_parser
+raise SystemExit(main())
+"""
+
+
+def test_09_10_an_interrupt_inside_source_text_still_exits_1(tmp_path: Path) -> None:
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "__main__.py").write_text(INTERRUPT_IN_EXEC)
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    proc = subprocess.run([sys.executable, "-m", "probe", "list"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert (proc.returncode, proc.stderr.strip(), proc.stdout) == (1, "lms-tuner: interrupted (SIGINT)", "")
+
+
 def test_11_best_from_the_storage_picks_as_the_search_did(tmp_path: Path, seed_graph) -> None:
     seed_graph(tmp_path / "studies", "p")
     proc = run_cli(["search", *SIM, "--model", TINY_MODEL, "--study", "p", "--trials", "8", "--seed", "0",
