@@ -34,21 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # an interrupt outside the command's own handling, or one swallowed on the way (a finalizer, a thread)
         err(f"interrupted ({signals.received or 'SIGINT'})")
         code = EXIT_FAILURE
-    if signals.received:
-        _forget_the_caught_interrupt()
     return code
-
-
-def _forget_the_caught_interrupt() -> None:
-    """Keep exit code 1 after a handled interrupt under ``python -m tuner``.
-
-    CPython (3.11-3.13, ``run_eval_code_obj`` in pythonrun.c) sets a process-wide flag when a
-    KeyboardInterrupt leaves code run from source text (``exec``/``eval`` of a string: dataclasses
-    and namedtuple build their methods that way, at import), even if the caller then catches it;
-    after a ``-m`` module returns, that flag ends the process with SIGINT (exit -2, not 1). Running
-    source text again clears it. (A console script exits before that check: it was never hit.)
-    """
-    exec("pass")  # noqa: S102 -- constant text; see above
 
 
 def _run(argv: list[str], storage_url: str | None) -> int:
