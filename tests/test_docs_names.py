@@ -1,0 +1,186 @@
+"""Every dotted `lms.`/`tuner.` name in README.md and docs/*.md resolves to something that exists.
+
+A name in a guide that no test checks drifts (the README once sent users to
+``lms.tf.measure.configure_gpu_memory_growth()``, which lives in `lms.tf.allocator`). A name
+resolves when importing its longest module prefix and then ``getattr`` along the rest succeeds
+(``lms.graph.Op.live``, ``lms.tf.allocator.configure_cpu_allocator``); ``from lms.x import a, b``
+lines in code blocks are checked name by name.
+
+Two parts, so the common case stays fast: every name is resolved in a subprocess with TensorFlow
+and Keras blocked (well under a second); names that need TensorFlow to resolve (``lms.function``,
+``lms.tf.emulate.HOST_COPIES``) are then resolved with TensorFlow by a test marked ``tf``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+
+# A dotted name that starts with lms or tuner, not inside a longer name (``model.lms.summary``) or a
+# path (``docs/lms.md``, ``lms/tf/apply.py`` has no dot after ``lms`` anyway).
+_NAME = re.compile(r"(?<![\w./\\-])((?:lms|tuner)(?:\.[A-Za-z_]\w*)+)")
+_FROM_IMPORT = re.compile(r"^\s*from\s+((?:lms|tuner)(?:\.\w+)*)\s+import\s+\(?([\w\s,]+?)\)?\s*(?:#.*)?$",
+                          re.MULTILINE)
+# ``lms.md``, ``tuner.md`` (link texts), ``results.json``: file names, not Python names
+_FILE_SUFFIXES = {"md", "py", "json", "csv", "html", "png", "txt", "toml", "yaml", "yml", "log", "db"}
+
+#: Dotted names the docs use that are not Python names, each with what it is.
+NOT_PYTHON_NAMES = {
+    "tuner.recommendation": "the schema name of a recommended.json document (lms.jsonfile), not a module",
+}
+
+NEEDS_TF = "needs TensorFlow"
+
+
+def names_in(text: str) -> set[str]:
+    """The dotted `lms.`/`tuner.` names in a Markdown text (prose, code spans and code blocks)."""
+    found = set()
+    for match in _NAME.finditer(text):
+        name, after = match.group(1), text[match.end():match.end() + 1]
+        if after in ("-", "/"):  # a path or a study name: `tuner.x-emulated`, `lms.x/...`
+            continue
+        if name.rsplit(".", 1)[1] in _FILE_SUFFIXES:
+            continue
+        found.add(name)
+    for match in _FROM_IMPORT.finditer(text):
+        module = match.group(1)
+        for imported in match.group(2).split(","):
+            imported = imported.split(" as ")[0].strip()
+            if imported and imported != "*":
+                found.add(f"{module}.{imported}")
+    return found - set(NOT_PYTHON_NAMES)
+
+
+def documented_names() -> dict[str, list[str]]:
+    """Each name -> the docs (relative paths) that mention it."""
+    where: dict[str, list[str]] = {}
+    for doc in DOCS:
+        for name in names_in(doc.read_text(encoding="utf-8")):
+            where.setdefault(name, []).append(str(doc.relative_to(ROOT)))
+    return where
+
+
+def resolve(name: str) -> object:
+    """The object a dotted name names: its longest importable module prefix, then ``getattr`` along the rest.
+
+    Raises LookupError naming the first part that does not exist; ImportError from inside a module
+    that exists (TensorFlow blocked, say) propagates.
+    """
+    parts = name.split(".")
+    obj = importlib.import_module(parts[0])
+    for i in range(1, len(parts)):
+        prefix = ".".join(parts[:i + 1])
+        try:
+            obj = getattr(obj, parts[i])
+            continue
+        except AttributeError:
+            pass
+        try:
+            obj = importlib.import_module(prefix)
+        except ModuleNotFoundError as e:
+            if e.name == prefix or (e.name and prefix.startswith(e.name + ".")):
+                raise LookupError(f"{'.'.join(parts[:i])} has no attribute or submodule {parts[i]!r}") from None
+            raise
+    return obj
+
+
+def resolve_all(names: list[str]) -> dict[str, str]:
+    """Each name -> "ok", NEEDS_TF (its import hit a blocked TensorFlow/Keras), or why it does not resolve."""
+    results = {}
+    for name in names:
+        try:
+            resolve(name)
+            results[name] = "ok"
+        except ImportError as e:
+            if (e.name or "").split(".")[0] in ("tensorflow", "keras"):
+                results[name] = NEEDS_TF
+            else:
+                results[name] = f"ImportError: {e}"
+        except LookupError as e:
+            results[name] = str(e)
+    return results
+
+
+@lru_cache(maxsize=1)
+def resolved_without_tensorflow() -> dict[str, str]:
+    """`resolve_all` of every documented name in a fresh process where ``import tensorflow`` fails."""
+    code = textwrap.dedent(f"""
+        import json, sys
+        sys.modules["tensorflow"] = None  # any "import tensorflow" now raises ImportError
+        sys.modules["keras"] = None
+        from tests.test_docs_names import resolve_all
+        print(json.dumps(resolve_all({sorted(documented_names())!r})))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def _broken(results: dict[str, str]) -> list[str]:
+    where = documented_names()
+    return [f"{name} ({', '.join(where[name])}): {why}" for name, why in sorted(results.items())
+            if why not in ("ok", NEEDS_TF)]
+
+
+def test_names_are_found_in_prose_code_spans_and_code_blocks():
+    text = textwrap.dedent("""\
+        Call `lms.function` or lms.enable_lms, see [lms.md](docs/lms.md) and docs/tuner.md.
+        `model.lms.summary.n_swapped`, studies/lms.x-emulated/, a study lms.demo-emulated, "schema": "tuner.recommendation".
+        ```python
+        from lms.sim.host import plan_within_host_budget, HostBudgetError as E  # comment
+        x = lms.tf.allocator.configure_cpu_allocator()
+        ```
+        The end of a sentence names tuner.batch.search_max_batch.
+        """)
+    assert names_in(text) == {"lms.function", "lms.enable_lms", "lms.sim.host",
+                              "lms.sim.host.plan_within_host_budget", "lms.sim.host.HostBudgetError",
+                              "lms.tf.allocator.configure_cpu_allocator", "tuner.batch.search_max_batch"}
+
+
+def test_resolve_follows_modules_then_attributes():
+    assert resolve("lms.graph.Op.live") is importlib.import_module("lms.graph").Op.live
+    assert resolve("tuner.batch.search_max_batch").__name__ == "search_max_batch"
+    with pytest.raises(LookupError, match=r"lms.graph has no attribute or submodule 'nothing_here'"):
+        resolve("lms.graph.nothing_here")
+    with pytest.raises(LookupError, match=r"lms has no attribute or submodule 'no_such_module'"):
+        resolve("lms.no_such_module.x")
+
+
+def test_the_check_finds_the_names_the_readme_once_had_wrong():
+    results = resolve_all(["lms.tf.measure.configure_gpu_memory_growth", "lms.tf.allocator.configure_cpu_allocator"])
+    assert results == {"lms.tf.measure.configure_gpu_memory_growth":
+                       "lms.tf.measure has no attribute or submodule 'configure_gpu_memory_growth'",
+                       "lms.tf.allocator.configure_cpu_allocator": "ok"}
+
+
+def test_the_names_that_are_not_python_names_are_still_in_the_docs():
+    text = "\n".join(doc.read_text(encoding="utf-8") for doc in DOCS)
+    assert [name for name in NOT_PYTHON_NAMES if name not in text] == []
+
+
+def test_every_documented_name_resolves_without_tensorflow_or_needs_it():
+    results = resolved_without_tensorflow()
+    assert len(results) > 40, sorted(results)  # the extraction found the docs' names
+    assert results["lms.LMSConfig.load"] == "ok"
+    assert not _broken(results), "names in the docs that do not resolve:\n" + "\n".join(_broken(results))
+
+
+@pytest.mark.tf
+def test_every_documented_name_that_needs_tensorflow_resolves_with_it():
+    pytest.importorskip("tensorflow")
+    needing = sorted(name for name, why in resolved_without_tensorflow().items() if why == NEEDS_TF)
+    assert "lms.function" in needing
+    results = resolve_all(needing)
+    assert not _broken(results), "names in the docs that do not resolve:\n" + "\n".join(_broken(results))
+    assert set(results.values()) == {"ok"}
