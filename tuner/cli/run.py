@@ -42,6 +42,7 @@ def _run(argv: list[str], storage_url: str | None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         args.argv = list(argv)  # the command as typed (a search cut short names the command that finishes it)
+        storage_url = getattr(args, "storage", None) or storage_url  # as argparse read it (--stor URL included)
         from ..progress import setup_logging
 
         setup_logging(quiet=args.quiet, verbose=args.verbose)
@@ -94,9 +95,13 @@ def _join_negative_values(argv: list[str]) -> list[str]:
 
 
 def _find_storage(argv: list[str]) -> str | None:
+    """The ``--storage`` value in `argv` before argparse reads it, abbreviated or not (``--stor URL``,
+    ``--sto=URL``: argparse takes any unambiguous prefix; ``--st`` is also ``--study``)."""
     for i, a in enumerate(argv):
-        if a == "--storage" and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith("--storage="):
-            return a.split("=", 1)[1]
+        name, eq, value = a.partition("=")
+        if len(name) >= len("--sto") and "--storage".startswith(name):
+            if eq:
+                return value
+            if i + 1 < len(argv):
+                return argv[i + 1]
     return None

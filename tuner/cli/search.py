@@ -31,8 +31,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         return _grow(args, settings)
     try:
         outcome = run_search(settings, progress=Progress(disabled=True if args.quiet else None))
-    except SearchError as exc:
-        err(f"search failed: {exc}")
+    except SearchError as exc:  # a trial's reason may quote a driver's message, URL and all
+        err(mask_secrets(f"search failed: {exc}", args.storage))
         return EXIT_FAILURE
     except KeyboardInterrupt:
         err(f"interrupted: completed trials are kept in {settings.storage.display}; run the same command "
@@ -73,7 +73,11 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def _finish_command(args: argparse.Namespace) -> str:
-    """The search's own command line with ``--timeout 0`` (it resumes from the stored trials and processes)."""
+    """The search's own command line with ``--timeout 0`` (it resumes from the stored trials and processes).
+
+    The storage URL's secrets are masked (`mask_secrets`, ``postgresql://u:***@h/db``): the line is made to be
+    copied into CI logs, so whoever runs it puts the password back (or keeps it in ``~/.pgpass``).
+    """
     import shlex
 
     argv = list(getattr(args, "argv", None) or ["search"])
@@ -87,7 +91,7 @@ def _finish_command(args: argparse.Namespace) -> str:
             skip = True
             continue
         if not a.startswith("--timeout="):
-            out.append(a)
+            out.append(mask_secrets(a, args.storage))  # args.storage: also when typed as --stor or --storage=
     prog = "python -m tuner" if sys.argv and sys.argv[0].endswith("__main__.py") else PROG
     return f"{prog} {shlex.join(out + ['--timeout', '0'])}"
 
@@ -144,7 +148,7 @@ def _grow(args: argparse.Namespace, settings: Any) -> int:
     try:
         outcome = run_grow(settings, progress=Progress(disabled=True if args.quiet else None))
     except SearchError as exc:
-        err(f"search failed: {exc}")
+        err(mask_secrets(f"search failed: {exc}", args.storage))
         return EXIT_FAILURE
     except KeyboardInterrupt:
         err("interrupted: the values evaluated so far are kept; run the same command again to resume")
