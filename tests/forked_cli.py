@@ -15,7 +15,7 @@ from nothing would be:
 - ``tuner``'s ``__main__`` run by `runpy`, then Python's own exit: non-daemon threads joined, ``atexit``
   handlers run, streams flushed, the exit code as Python gives it (``SystemExit``, a traceback: 1).
 
-Nothing of the tuner reads the environment when it is imported (`tests/test_forked_cli.py`
+Nothing of the tuner reads the environment when it is imported (`tests/tuner/test_forked_cli.py`
 checks), so modules imported before the fork see the command's environment. TensorFlow
 is never imported by the server: the CLI process does not import it either.
 

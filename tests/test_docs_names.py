@@ -1,10 +1,12 @@
-"""Every dotted `lms.`/`tuner.` name in README.md and docs/*.md resolves to something that exists.
+"""Every dotted `lms.`/`tuner.` name in README.md, docs/*.md and the packages' docstrings resolves.
 
 A name in a guide that no test checks drifts (the README once sent users to
 ``lms.tf.measure.configure_gpu_memory_growth()``, which lives in `lms.tf.allocator`). A name
 resolves when importing its longest module prefix and then ``getattr`` along the rest succeeds
 (``lms.graph.Op.live``, ``lms.tf.allocator.configure_cpu_allocator``); ``from lms.x import a, b``
-lines in code blocks are checked name by name.
+lines in code blocks are checked name by name. In the source of `lms` and `tuner`, a name in single
+backticks is a reference (`lms.tf.exact`) and is checked; double backticks are literal text (the
+study attribute ``tuner.graph``, the entry-point group ``lms.document_schemas``) and are not.
 
 Two parts, so the common case stays fast: every name is resolved in a subprocess with TensorFlow
 and Keras blocked (well under a second); names that need TensorFlow to resolve (``lms.function``,
@@ -42,6 +44,9 @@ NOT_PYTHON_NAMES = {
 
 NEEDS_TF = "needs TensorFlow"
 
+_SOURCE_REFERENCE = re.compile(r"(?<![`\w.])`((?:lms|tuner)(?:\.[A-Za-z_]\w*)+)(?:\(\))?`(?!`)")
+SOURCES = sorted(p for package in ("lms", "tuner") for p in (ROOT / package).rglob("*.py"))
+
 
 def names_in(text: str) -> set[str]:
     """The dotted `lms.`/`tuner.` names in a Markdown text (prose, code spans and code blocks)."""
@@ -68,6 +73,24 @@ def documented_names() -> dict[str, list[str]]:
     for doc in DOCS:
         for name in names_in(doc.read_text(encoding="utf-8")):
             where.setdefault(name, []).append(str(doc.relative_to(ROOT)))
+    return where
+
+
+def referenced_names() -> dict[str, list[str]]:
+    """Each name in single backticks in the source of `lms` and `tuner` -> the files that mention it."""
+    where: dict[str, list[str]] = {}
+    for source in SOURCES:
+        for match in _SOURCE_REFERENCE.finditer(source.read_text(encoding="utf-8")):
+            files = where.setdefault(match.group(1), [])
+            if str(source.relative_to(ROOT)) not in files:
+                files.append(str(source.relative_to(ROOT)))
+    return where
+
+
+def _all_names() -> dict[str, list[str]]:
+    where = documented_names()
+    for name, files in referenced_names().items():
+        where.setdefault(name, []).extend(files)
     return where
 
 
@@ -114,23 +137,22 @@ def resolve_all(names: list[str]) -> dict[str, str]:
 
 @lru_cache(maxsize=1)
 def resolved_without_tensorflow() -> dict[str, str]:
-    """`resolve_all` of every documented name in a fresh process where ``import tensorflow`` fails."""
+    """`resolve_all` of every name in the docs and docstrings, in a fresh process where ``import tensorflow`` fails."""
     code = textwrap.dedent(f"""
         import json, sys
         sys.modules["tensorflow"] = None  # any "import tensorflow" now raises ImportError
         sys.modules["keras"] = None
         from tests.test_docs_names import resolve_all
-        print(json.dumps(resolve_all({sorted(documented_names())!r})))
+        print(json.dumps(resolve_all({sorted(_all_names())!r})))
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def _broken(results: dict[str, str]) -> list[str]:
-    where = documented_names()
+def _broken(results: dict[str, str], where: dict[str, list[str]]) -> list[str]:
     return [f"{name} ({', '.join(where[name])}): {why}" for name, why in sorted(results.items())
-            if why not in ("ok", NEEDS_TF)]
+            if name in where and why not in ("ok", NEEDS_TF)]
 
 
 def test_names_are_found_in_prose_code_spans_and_code_blocks():
@@ -146,6 +168,11 @@ def test_names_are_found_in_prose_code_spans_and_code_blocks():
     assert names_in(text) == {"lms.function", "lms.enable_lms", "lms.sim.host",
                               "lms.sim.host.plan_within_host_budget", "lms.sim.host.HostBudgetError",
                               "lms.tf.allocator.configure_cpu_allocator", "tuner.batch.search_max_batch"}
+
+
+def test_source_references_are_single_backticked_names():
+    text = 'See `lms.tf.exact`, `lms.function()`, ``tuner.graph``, `x.lms.config` and lms.graph.\n'
+    assert [m.group(1) for m in _SOURCE_REFERENCE.finditer(text)] == ["lms.tf.exact", "lms.function"]
 
 
 def test_resolve_follows_modules_then_attributes():
@@ -169,18 +196,27 @@ def test_the_names_that_are_not_python_names_are_still_in_the_docs():
     assert [name for name in NOT_PYTHON_NAMES if name not in text] == []
 
 
-def test_every_documented_name_resolves_without_tensorflow_or_needs_it():
-    results = resolved_without_tensorflow()
-    assert len(results) > 40, sorted(results)  # the extraction found the docs' names
+def test_every_name_in_the_docs_resolves_without_tensorflow_or_needs_it():
+    results, where = resolved_without_tensorflow(), documented_names()
+    assert len(where) > 40, sorted(where)  # the extraction found the docs' names
     assert results["lms.LMSConfig.load"] == "ok"
-    assert not _broken(results), "names in the docs that do not resolve:\n" + "\n".join(_broken(results))
+    broken = _broken(results, where)
+    assert not broken, "names in README.md or docs/ that do not resolve:\n" + "\n".join(broken)
+
+
+def test_every_backticked_name_in_the_packages_source_resolves_without_tensorflow_or_needs_it():
+    results, where = resolved_without_tensorflow(), referenced_names()
+    assert results["lms.machine.nvml.gpu_inventory"] == "ok"  # docstrings once said lms.nvml.gpu_inventory
+    broken = _broken(results, where)
+    assert not broken, "names in docstrings of lms/ or tuner/ that do not resolve:\n" + "\n".join(broken)
 
 
 @pytest.mark.tf
-def test_every_documented_name_that_needs_tensorflow_resolves_with_it():
+def test_every_name_that_needs_tensorflow_resolves_with_it():
     pytest.importorskip("tensorflow")
     needing = sorted(name for name, why in resolved_without_tensorflow().items() if why == NEEDS_TF)
     assert "lms.function" in needing
     results = resolve_all(needing)
-    assert not _broken(results), "names in the docs that do not resolve:\n" + "\n".join(_broken(results))
+    broken = _broken(results, _all_names())
+    assert not broken, "names in the docs or docstrings that do not resolve:\n" + "\n".join(broken)
     assert set(results.values()) == {"ok"}

@@ -1,6 +1,6 @@
 """What machine a search ran on, found without importing TensorFlow.
 
-The parent process asks NVML for GPUs (`lms.nvml.gpu_inventory`) and package
+The parent process asks NVML for GPUs (`lms.machine.nvml.gpu_inventory`) and package
 metadata for versions; trial workers add what TensorFlow itself reports
 (its version and the device it ran on) to each trial record.
 `tuner.search.environment_info` puts these together with the backend's device

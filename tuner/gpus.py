@@ -1,6 +1,6 @@
 """Which GPU a trial worker runs on, and the environment it runs in; pure functions, no NVML, no TensorFlow.
 
-The parent asks NVML for the GPUs (`lms.nvml.gpu_inventory`: NVML's order,
+The parent asks NVML for the GPUs (`lms.machine.nvml.gpu_inventory`: NVML's order,
 PCI bus ids, MIG instances) and hands that listing here with the user's
 environment; everything below is a function of the two, so it is tested with
 fake listings.
@@ -159,7 +159,7 @@ def choose_gpu(requested: str | None, *, env: Mapping[str, str],
     Args:
         requested: an index among the visible GPUs, a (prefix of a) ``GPU-``/``MIG-`` UUID, or None.
         env: the user's environment (``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``).
-        inventory: `lms.nvml.gpu_inventory`'s listing.
+        inventory: `lms.machine.nvml.gpu_inventory`'s listing.
 
     Returns:
         (the inventory entry, a note for people: "" unless the choice needs saying).

@@ -76,7 +76,7 @@ def compiled_for(graph: Graph, plan: SwapPlan | None, *, order: str = "executor"
     """The compiled form of (graph, plan), built once and cached while `graph` lives.
 
     With `exact` a memory schedule's order is the executed order (the step's
-    executed graph pinned whole, `lms.exact`); else `order` models TF's
+    executed graph pinned whole, `lms.tf.exact`); else `order` models TF's
     executor over the graph with the schedule's pins.
     """
     temporaries = DEFAULT_TEMPORARIES if temporaries is None else temporaries
@@ -111,7 +111,7 @@ def schedule_for(graph: Graph, plan: SwapPlan, *, exact: bool = False) -> Any:
 
 
 def exact_on(device: DeviceProfile | None) -> bool:
-    """Whether LMS pins the executed graph of a memory-scheduled step whole on `device` (`lms.exact`).
+    """Whether LMS pins the executed graph of a memory-scheduled step whole on `device` (`lms.tf.exact`).
 
     It does on one CPU device (the emulated device: ``kernels="cpu"``); on a GPU
     the memory schedule is pinned through the pinnable ops only.
@@ -169,7 +169,7 @@ def simulate(graph: Graph, plan: LMSConfig | SwapPlan | None = None, *, batch: i
             (`lms.sim.bfc`; Python, about 100x slower).
         timeline: keep what `SimResult.timeline` needs (built on first access).
         exact: a memory-scheduled step runs its schedule's order exactly (its
-            executed graph pinned whole, `lms.exact`); ``None``: on a CPU
+            executed graph pinned whole, `lms.tf.exact`); ``None``: on a CPU
             device (`exact_on`), not on a GPU or without a device.
 
     Returns:

@@ -25,7 +25,7 @@ class GpuChoice:
     """The GPUs a search uses: `info` sizes the default budget and device profile; one worker per `slots` entry.
 
     Attributes:
-        info: the (smallest) chosen GPU's `lms.nvml.gpu_inventory` entry.
+        info: the (smallest) chosen GPU's `lms.machine.nvml.gpu_inventory` entry.
         gpus: the devices the workers use (gpu backend: their UUIDs, one worker each).
         workers: parallel trial workers.
         notes: what the choice changed or assumed, for people (stored with the study's notes).

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 from lms.config import atomic_write_bytes, atomic_write_text
 
+from ..study import SCREEN_SUFFIX  # the simulated screening before measured runs
 from .data import Recommendation, ReportData, report_data
 
 __all__ = ["build_report", "report_folder_name", "ReportData", "Recommendation"]
@@ -147,7 +148,6 @@ def _load_study(study_name: str, *, storage: str | None, studies_dir: Path) -> t
     return optuna.load_study(study_name=study_name, storage=opened), opened
 
 
-SCREEN_SUFFIX = ".simulated"  # tuner.search.SCREEN_SUFFIX: the simulated screening before measured runs
 
 
 def _screening_study(study: Any, storage: Any) -> Any | None:

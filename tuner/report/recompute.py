@@ -1,7 +1,7 @@
 """What recomputation bought the recommended config, as plain data (no TensorFlow, no matplotlib).
 
 For a recommended config with ``recompute != "none"``: which tensors the
-backward pass rebuilds (`lms.recompute.RecomputePlan` of the traced graph), and
+backward pass rebuilds (`lms.plan.recompute.RecomputePlan` of the traced graph), and
 the simulator's step at the recommended batch with and without recompute (the
 same config with ``recompute="none"``)::
 

@@ -54,7 +54,7 @@ class ScheduleSummary:
         prefetch_share: with ``prefetch="headroom"``, the share of the order's peak its swap-ins
             were moved into (0: none moved, or ``prefetch="lb"``).
         exact: the order runs exactly: on the device simulated (a CPU: the emulated device) LMS
-            pins the step's executed graph whole (`lms.exact`), so every op runs where the order
+            pins the step's executed graph whole (`lms.tf.exact`), so every op runs where the order
             puts it; else only the pinnable ops carry the pins.
     """
 
