@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .jsonfile import DuplicateKey, read_config_text, unique_keys
+from .jsonfile import DuplicateKey, NotJSONNumber, finite_float, no_constant, read_config_text, unique_keys
 from .optypes import RECOMPUTABLE_TYPES, never_recomputed
 
 __all__ = ["LMSConfig", "CONFIG_SCHEMA", "SCHEMA_VERSION", "READABLE_VERSIONS", "STRATEGIES", "SCHEDULES",
@@ -336,7 +336,7 @@ class LMSConfig:
 
     def to_json(self) -> str:
         doc = {"schema": CONFIG_SCHEMA, "schema_version": SCHEMA_VERSION, "config": self.to_dict()}
-        return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+        return json.dumps(doc, indent=2, sort_keys=False, allow_nan=False) + "\n"
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the config as JSON, atomically (temp file + rename)."""
@@ -358,7 +358,9 @@ class LMSConfig:
         path = Path(path)
         text = read_config_text(path)
         try:
-            doc = json.loads(text, object_pairs_hook=unique_keys)
+            doc = json.loads(text, object_pairs_hook=unique_keys, parse_constant=no_constant, parse_float=finite_float)
+        except NotJSONNumber as exc:  # Python's json reads NaN and Infinity; no other reader does
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
         except RecursionError:

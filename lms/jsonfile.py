@@ -24,6 +24,23 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+class NotJSONNumber(ValueError):
+    """``NaN``, ``Infinity`` or a number too large for a float (``1e400``): Python reads them, JSON has none."""
+
+
+def no_constant(name: str) -> Any:
+    """`json.loads`'s ``parse_constant``: refuse ``NaN``, ``Infinity``, ``-Infinity``."""
+    raise NotJSONNumber(f"{name} is not a JSON number")
+
+
+def finite_float(text: str) -> float:
+    """`json.loads`'s ``parse_float``: refuse a number that overflows to infinity."""
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise NotJSONNumber(f"number {text[:20]} is too large")
+    return value
+
+
 #: A config file, or a recommended.json with its Pareto front, is a few kilobytes; `LMSConfig.load` reads no more.
 MAX_CONFIG_BYTES = 4 << 20
 

@@ -265,7 +265,8 @@ def run_grow(settings: SearchSettings, *, progress: Any = None) -> GrowOutcome:
                               start=min(start, top), step=step, lowest=step, highest=top)
     doc = _grow_doc(settings, step=step, start=start, budget=budget, budget_source=budget_source,
                     with_lms=with_lms, without=without, verdicts=verdicts)
-    grow_path = atomic_write_text(settings.study_dir / "grow.json", json.dumps(doc, indent=2, default=str) + "\n")
+    grow_path = atomic_write_text(settings.study_dir / "grow.json",
+                                  json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
     rec, rec_path = None, None
     if with_lms.largest is not None:
         best = verdicts[with_lms.largest]
@@ -274,7 +275,7 @@ def run_grow(settings: SearchSettings, *, progress: Any = None) -> GrowOutcome:
                "grow": {k: doc[k] for k in ("option", "step", "with_lms", "without_lms", "value_ratio",
                                             "size_ratio_3d", "size_ratio_2d", "value_study")}}
         rec_path = atomic_write_text(settings.study_dir / "recommended.json",
-                                     json.dumps(rec, indent=2, default=str) + "\n")
+                                     json.dumps(rec, indent=2, default=str, allow_nan=False) + "\n")
         from lms.config import LMSConfig
 
         LMSConfig.load(rec_path)  # what a training script does: it must read back

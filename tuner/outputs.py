@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from lms.config import LMSConfig, atomic_write_text
+from lms.jsonfile import finite_float, no_constant
 
 from . import RECOMMENDATION_SCHEMA
 from . import RECOMMENDATION_VERSION as SCHEMA_VERSION
@@ -245,15 +246,6 @@ def read_recommendation(path: Path) -> dict[str, Any]:
 
 def strict_json_loads(text: str) -> Any:
     """`json.loads` refusing what is not plain JSON data: NaN, infinities, duplicate keys, deep nesting (ValueError)."""
-    def constant(name: str) -> Any:
-        raise ValueError(f"{name} is not a JSON number")
-
-    def number(text: str) -> float:
-        value = float(text)
-        if value in (float("inf"), float("-inf")):
-            raise ValueError(f"number {text[:20]} is too large")
-        return value
-
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in items:
@@ -263,7 +255,7 @@ def strict_json_loads(text: str) -> Any:
         return out
 
     try:
-        return json.loads(text, parse_constant=constant, parse_float=number, object_pairs_hook=pairs)
+        return json.loads(text, parse_constant=no_constant, parse_float=finite_float, object_pairs_hook=pairs)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{exc.msg} at line {exc.lineno}") from None
     except RecursionError:
@@ -456,6 +448,7 @@ def write_outputs(study_dir: Path, *, main: Any, screen: Any | None, settings: "
                                environment=environment, notes=notes, predicted_only_reason=fallback,
                                confirmations=None if fallback else main.user_attrs.get(CONFIRMATIONS_ATTR),
                                cut_short=cut_short)
-    rec_path = atomic_write_text(study_dir / "recommended.json", json.dumps(doc, indent=2, default=str) + "\n")
+    rec_path = atomic_write_text(study_dir / "recommended.json",
+                                 json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
     LMSConfig.load(rec_path)  # what a training script does: it must read back
     return doc, rec_path, csv_path

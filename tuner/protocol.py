@@ -49,7 +49,8 @@ def _from_dict(cls: type, data: Mapping[str, Any]) -> Any:
 
 class _Message:
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(dataclasses.asdict(self), default=_json_default))  # type: ignore[call-overload]
+        return json.loads(json.dumps(dataclasses.asdict(self), default=_json_default,  # type: ignore[call-overload]
+                                     allow_nan=False))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Any:
@@ -210,7 +211,8 @@ class Envelope:
 
     def to_json(self) -> str:
         return json.dumps({"protocol": PROTOCOL_VERSION, "mode": self.request.mode, "events": self.events,
-                           "result": self.result, "request": self.request.to_dict()}, indent=2) + "\n"
+                           "result": self.result, "request": self.request.to_dict()}, indent=2,
+                          allow_nan=False) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> "Envelope":

@@ -120,7 +120,7 @@ def _trace(request: TraceRequest, events: _Events) -> TraceResult:
             # the plain step's allocator peaks (TF's order, one inter-op thread, as the emulated trials run):
             # where the no-LMS baseline's bracket of fresh processes starts (`tuner.bracket.start_from_peaks`)
             doc["plain_peaks"] = {"batches": sorted(peaks), "peak_bytes": [peaks[b] for b in sorted(peaks)]}
-    atomic_write_text(request.output, json.dumps(doc) + "\n")
+    atomic_write_text(request.output, json.dumps(doc, allow_nan=False) + "\n")
     return TraceResult(status="ok", n_ops=len(graph.ops), trace_s=doc["trace_s"], tensorflow=tf.__version__,
                        op_costs=bool(doc.get("op_costs")))
 
@@ -425,9 +425,9 @@ def main(argv: list[str] | None = None) -> int:
 
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), envelope.result)
     if envelope.result:
-        atomic_write_text(envelope.result, json.dumps(doc, indent=2) + "\n")
+        atomic_write_text(envelope.result, json.dumps(doc, indent=2, allow_nan=False) + "\n")
     else:
-        print(json.dumps(doc))
+        print(json.dumps(doc, allow_nan=False))
     return BAD_INPUT_EXIT if result.status == "bad_input" else 0
 
 

@@ -52,3 +52,50 @@ def test_01_the_command_that_finishes_a_cut_short_confirmation_masks_the_storage
     masked = postgres_url.replace(password, "***")
     assert finish.endswith(f"--storage '{masked}' --confirm 2 --timeout 0"), finish
     assert password not in cut.stdout + cut.stderr
+
+
+# ================================================================ 3 (low-medium): no infinity reaches JSON
+
+@pytest.mark.parametrize("value", ["1e400", "-1e400", "Infinity", "NaN", "[0.1, 1e999]"])
+def test_03_a_model_option_that_is_not_a_finite_number_is_bad_input(value: str, tmp_path: Path) -> None:
+    proc = run_cli(["search", *SIM, "--model", "mlp", "--study", "inf", "--model-option", f"learning_rate={value}"],
+                   cwd=tmp_path, timeout=120)
+    line = _one_line(proc, 2)
+    assert f"model option learning_rate={value} is not a finite number (it reads as " in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("option", ["--timeout", "--trial-timeout"])
+def test_03_a_time_limit_that_overflows_to_infinity_is_bad_input(option: str, tmp_path: Path) -> None:
+    proc = run_cli(["search", *SIM, "--model", "mlp", "--study", "inf", option, "1e400"], cwd=tmp_path, timeout=120)
+    assert f"argument {option}: '1e400' is not a finite number of seconds" in _one_line(proc, 2)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_03_a_recommendation_holding_infinity_is_not_a_valid_config(tmp_path: Path) -> None:
+    """Python's json writes and reads Infinity; no other reader does, and LMSConfig.load now refuses it."""
+    doc = {"schema": "lms.config", "schema_version": 1, "config": {"n_tensors": 4, "lb": 2},
+           "model_options": {"learning_rate": float("inf")}}
+    (tmp_path / "c.json").write_text(json.dumps(doc))  # allow_nan=True, as the tuner wrote it before
+    proc = run_cli(["validate-config", "c.json"], cwd=tmp_path, timeout=60)
+    assert _one_line(proc, 2).endswith("c.json: not valid JSON (Infinity is not a JSON number)")
+    (tmp_path / "c.json").write_text(json.dumps(doc).replace("Infinity", "1e400"))
+    proc = run_cli(["validate-config", "c.json"], cwd=tmp_path, timeout=60)
+    assert _one_line(proc, 2).endswith("c.json: not valid JSON (number 1e400 is too large)")
+
+
+def test_03_a_worker_request_holding_infinity_is_refused_when_written() -> None:
+    """A worker's request is JSON the tuner writes and reads back: no Infinity goes into it (nor into its result,
+    recommended.json, grow.json, graph.json, which are written with the same allow_nan=False)."""
+    import math
+
+    from tuner.protocol import Envelope, MeasureRequest
+
+    request = MeasureRequest(workload="mlp", config={}, backend="emulated", usable_bytes=1 << 30,
+                             options={"learning_rate": math.inf})
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+        Envelope(request).to_json()
+    assert json.loads(Envelope(MeasureRequest(workload="mlp", config={}, backend="emulated", usable_bytes=1 << 30,
+                                              options={"learning_rate": 0.5})).to_json())["request"]["options"] == {
+        "learning_rate": 0.5}
+

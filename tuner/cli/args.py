@@ -99,6 +99,8 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{shown(text)!r} is not a number of seconds") from None
     if value < 0 or value != value:
         raise argparse.ArgumentTypeError(f"{shown(text)!r} must be >= 0 seconds")
+    if value == float("inf"):  # "inf", or 1e400 overflowing: it would reach the JSON a worker reads
+        raise argparse.ArgumentTypeError(f"{shown(text)!r} is not a finite number of seconds")
     return value
 
 

@@ -30,7 +30,7 @@ def cmd_best(args: argparse.Namespace) -> int:
         if doc is None:
             err(f"study {args.study!r} has no feasible config yet")
             return EXIT_FAILURE
-        text = json.dumps(doc, indent=2, default=str) if args.json else format_recommendation(doc)
+        text = json.dumps(doc, indent=2, default=str, allow_nan=False) if args.json else format_recommendation(doc)
     print(text)
     return EXIT_OK
 

@@ -52,7 +52,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         err(failure)
         return EXIT_FAILURE
     if args.json:
-        print(json.dumps(outcome.recommendation, indent=2, default=str))
+        print(json.dumps(outcome.recommendation, indent=2, default=str, allow_nan=False))
     else:
         print(format_recommendation(outcome.recommendation))
         print(f"wrote {outcome.recommended_path} and {outcome.trials_csv} "
@@ -157,7 +157,7 @@ def _grow(args: argparse.Namespace, settings: Any) -> int:
         err(format_grow(outcome.doc))
         return EXIT_FAILURE
     if args.json:
-        print(json.dumps(outcome.recommendation, indent=2, default=str))
+        print(json.dumps(outcome.recommendation, indent=2, default=str, allow_nan=False))
     else:
         print(format_grow(outcome.doc))
         print(f"wrote {outcome.recommended_path} and {outcome.grow_path}")

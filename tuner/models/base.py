@@ -348,15 +348,34 @@ def parse_options(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key.isidentifier():
             raise ValueError(f"model option {item!r}: expected KEY=VALUE, e.g. image_size=64")
+        shown = raw if len(raw) <= 40 else raw[:30] + f"... ({len(raw)} characters)"
         try:
             out[key] = json.loads(raw)
         except json.JSONDecodeError:
             out[key] = raw
         except RecursionError:
-            shown = raw if len(raw) <= 40 else raw[:30] + f"... ({len(raw)} characters)"
             raise ValueError(f"model option {key}={shown}: nested too deeply; give a number, a string or "
                              "a short JSON list") from None
+        if not _finite(out[key]):  # 1e400 reads as inf, Infinity and NaN as themselves: none is JSON data
+            raise ValueError(f"model option {key}={shown} is not a finite number (it reads as "
+                             f"{_shown_value(out[key])}); give a finite number")
     return out
+
+
+def _finite(value: Any) -> bool:
+    """False when `value` is, or holds (in lists and objects), an infinite or NaN float."""
+    if isinstance(value, float):
+        return value == value and value not in (float("inf"), float("-inf"))
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return True
+
+
+def _shown_value(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:30] + "..."
 
 
 def int_option(workload: str, name: str, value: Any, *, minimum: int = 1) -> int:
