@@ -99,3 +99,47 @@ def test_03_a_worker_request_holding_infinity_is_refused_when_written() -> None:
                                               options={"learning_rate": 0.5})).to_json())["request"]["options"] == {
         "learning_rate": 0.5}
 
+
+# ================================================================ 6, 7 (low): empty and too long folders
+
+@pytest.mark.parametrize("args", [["search", *SIM, "--model", "mlp", "--trials", "1"], ["list"],
+                                  ["best", "--study", "s"], ["report", "--study", "s"]], ids=lambda a: a[0])
+def test_06_an_empty_studies_dir_is_bad_input(args: list[str], tmp_path: Path) -> None:
+    proc = run_cli([*args, "--studies-dir", ""], cwd=tmp_path, timeout=120)
+    assert "argument --studies-dir: '' is empty (an unset variable?); give a folder" in _one_line(proc, 2)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_06_an_empty_reports_dir_is_bad_input(tmp_path: Path) -> None:
+    for args in (["search", *SIM[:2], "--model", "mlp", "--trials", "1"], ["report", "--study", "s"]):
+        proc = run_cli([*args, "--reports-dir", ""], cwd=tmp_path, timeout=120)
+        assert "argument --reports-dir: '' is empty (an unset variable?); give a folder" in _one_line(proc, 2)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _long_path(nbytes: int) -> str:
+    """A relative path of about `nbytes` bytes whose names are each short enough (150 bytes)."""
+    return "/".join(["d" * 150] * (nbytes // 151 + 1))
+
+
+@pytest.mark.parametrize("folder, fragment", [
+    (_long_path(5000), "bytes long as a full path; this system allows"),
+    ("n" * 300, "holds a name of 300 bytes; this system allows 255 per name"),
+    (_long_path(4000), "less 160 for the files under it"),  # the study's own files would not fit under it
+], ids=["over-path-max", "over-name-max", "no-room-under-it"])
+def test_07_a_studies_dir_too_long_for_the_system_is_bad_input(folder: str, fragment: str, tmp_path: Path) -> None:
+    proc = run_cli(["search", *SIM, "--model", "mlp", "--trials", "1", "--studies-dir", folder], cwd=tmp_path,
+                   timeout=120)
+    line = _one_line(proc, 2)
+    assert line.startswith("lms-tuner: argument --studies-dir: ") and fragment in line, line
+    assert len(line) < 300 and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [["list", "--storage", "journal:{long}"],
+                                  ["best", "--study", "s", "--storage", "sqlite:///{long}/s.db"]],
+                         ids=["journal", "sqlite"])
+def test_07_a_storage_file_too_long_for_the_system_is_bad_input(args: list[str], tmp_path: Path) -> None:
+    proc = run_cli([a.format(long=_long_path(5000)) for a in args], cwd=tmp_path, timeout=120)
+    line = _one_line(proc, 2)
+    assert line.startswith("lms-tuner: a path is too long for this system (") and len(line) < 300, line
+    assert list(tmp_path.iterdir()) == []

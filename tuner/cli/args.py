@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -128,6 +129,41 @@ def _margin(text: str) -> float:
     return value
 
 
+def _folder(text: str) -> Path:
+    """An argparse type: a folder path that is not empty (an unset shell variable would mean the current
+    folder) and that this system can open (no longer than PATH_MAX, no name longer than NAME_MAX)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is empty (an unset variable?); give a folder, e.g. studies")
+    reason = _path_too_long(text, room=_ROOM_UNDER_FOLDER)
+    if reason:
+        raise argparse.ArgumentTypeError(reason)
+    return Path(text)
+
+
+#: Bytes the tuner's own paths add under --studies-dir / --reports-dir: ``/<study, <= 100>/trials/0001/events.jsonl``.
+_ROOM_UNDER_FOLDER = 160
+
+
+def _path_too_long(text: str, *, room: int = 0) -> str:
+    """Why `text`, as an absolute path with `room` bytes more under it, is too long for this system ("" when
+    it is not)."""
+    def limit(name: str, default: int) -> int:
+        try:
+            return int(os.pathconf("/", name))
+        except (OSError, ValueError):
+            return default
+
+    full = os.fsencode(os.path.abspath(text))
+    path_max, name_max = limit("PC_PATH_MAX", 4096), limit("PC_NAME_MAX", 255)
+    if len(full) + room >= path_max:
+        return (f"{shown(text)!r} is {len(full)} bytes long as a full path; this system allows {path_max - 1}"
+                + (f", less {room} for the files under it" if room else ""))
+    name = next((part for part in full.split(b"/") if len(part) > name_max), None)
+    if name is not None:
+        return f"{shown(text)!r} holds a name of {len(name)} bytes; this system allows {name_max} per name"
+    return ""
+
+
 def _gpu_list(text: str) -> tuple[str, ...]:
     items = tuple(x.strip() for x in text.split(",") if x.strip())
     if not items or len(set(items)) != len(items):
@@ -153,7 +189,7 @@ def _storage_args(p: argparse.ArgumentParser) -> None:
                    help="Optuna storage URL (default: sqlite file studies/<study>/study.db). "
                         "journal:PATH for several processes on one node, postgresql://user@host/db for several "
                         "machines. Passwords are never printed.")
-    p.add_argument("--studies-dir", type=Path, default=DEFAULT_STUDIES_DIR, metavar="DIR",
+    p.add_argument("--studies-dir", type=_folder, default=DEFAULT_STUDIES_DIR, metavar="DIR",
                    help="folder for study outputs (default: %(default)s)")
 
 
@@ -267,7 +303,7 @@ def _add_search(sub: Any) -> None:
                         "N processes; recommended.json says whether that finished (\"confirmed\"). 0: a trial "
                         "searches in one process instead, nothing is confirmed (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print recommended.json to stdout instead of a summary")
-    p.add_argument("--reports-dir", type=Path, default=Path("reports"), metavar="DIR",
+    p.add_argument("--reports-dir", type=_folder, default=Path("reports"), metavar="DIR",
                    help="where the HTML report is written at the end (default: reports/<study>/)")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report at the end")
     _common(p)
@@ -299,7 +335,7 @@ def _add_report(sub: Any) -> None:
                                    "batch/throughput trade-off, the Pareto front, the recommendation.")
     p.add_argument("--study", type=_study_name, required=True, metavar="NAME", help="study name")
     _storage_args(p)
-    p.add_argument("--reports-dir", type=Path, default=Path("reports"), metavar="DIR",
+    p.add_argument("--reports-dir", type=_folder, default=Path("reports"), metavar="DIR",
                    help="the report goes to DIR/<study>/index.html (default: %(default)s)")
     _common(p)
     p.set_defaults(func=cmd_report)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -14,6 +15,7 @@ from ..exits import MaskSecretsFilter, StopSignals
 from ..storage import StorageError, StudyNameError, mask_secrets, mask_url, storage_failure
 from .args import build_parser
 from .common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, err, shorten
+from .common import shown as shown_text
 
 __all__ = ["main"]
 
@@ -71,6 +73,10 @@ def _run(argv: list[str], storage_url: str | None) -> int:
             shown = mask_url(storage_url) if storage_url else "the study's database"
             err(mask_secrets(f"storage {shown} failed ({cause})", storage_url))
             return EXIT_FAILURE
+        if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:  # a path the user gave, made longer
+            err(mask_secrets(f"a path is too long for this system ({shown_text(str(exc.filename or ''), 80)}); "
+                             "use shorter folder or file names", storage_url))
+            return EXIT_BAD_INPUT
         if isinstance(exc, RecursionError):
             err("error: an input nested too deeply (RecursionError)")
             return EXIT_FAILURE
