@@ -18,7 +18,8 @@ from typing import Any, Callable, Mapping
 from .errors import BadInput
 
 __all__ = ["OBJECTIVES", "DIRECTIONS", "SCREEN_SUFFIX", "TUNER_ATTR", "make_sampler", "create_study",
-           "queue_warm_start", "tuner_record", "claim_problem", "claim_study", "claim_screen_study", "setup_finished"]
+           "queue_warm_start", "tuner_record", "claim_problem", "claim_study", "claim_screen_study", "setup_finished",
+           "foreign_study"]
 
 OBJECTIVES = ("batch_size", "throughput")
 DIRECTIONS = ("maximize", "maximize")
@@ -103,17 +104,29 @@ def _adoptable(study: Any) -> bool:
     return not study.user_attrs and not study.get_trials(deepcopy=False) and directions == DIRECTIONS
 
 
+def foreign_study(study: Any, *, display: str) -> str:
+    """Why `study` is not one lms-tuner made ("" when it is, or when it is an empty one it may adopt).
+
+    A search does not take such a study over, and ``best``, ``report`` and ``list`` do not read its
+    trials as the tuner's records (their attributes may hold anything).
+    """
+    if tuner_record(study.user_attrs) is not None or _adoptable(study):
+        return ""
+    n = len(study.get_trials(deepcopy=False))
+    return (f"study {study.study_name!r} in {display} was not made by lms-tuner ({n} trial{'s' * (n != 1)}, "
+            "no tuner settings)")
+
+
 def _ownership(study: Any, *, role: str, main: str, display: str) -> str:
     """Why `study` may not serve as this search's `role` study ("" when it may)."""
     name = study.study_name
     record = tuner_record(study.user_attrs)
     if record is None:
-        if _adoptable(study):
+        foreign = foreign_study(study, display=display)
+        if not foreign:
             return ""
-        n = len(study.get_trials(deepcopy=False))
         why = f" (a measured search of study {main!r} screens in {name!r})" if role == "screen" else ""
-        return (f"study {name!r} in {display} was not made by lms-tuner ({n} trial{'s' * (n != 1)}, no tuner "
-                f"settings) and is not taken over{why}; use another --study name")
+        return f"{foreign} and is not taken over{why}; use another --study name"
     actual = _role(study, record)
     screen_of = study.user_attrs.get("screen_of") or record.get("screen_of")
     if role == "main" and actual == "screen":

@@ -9,13 +9,14 @@ marked ``tf`` and run their SavedModel in a fresh process.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from .conftest import TINY_MODEL, run_cli
+from .conftest import ROOT, TINY_MODEL, run_cli
 
 SIM = ("--backend", "simulate", "--no-report")
 
@@ -25,6 +26,10 @@ def _one_line(proc: subprocess.CompletedProcess, code: int) -> str:
     assert proc.returncode == code, (proc.returncode, proc.stderr[-3000:])
     assert len(lines) == 1 and lines[0].startswith("lms-tuner: ") and "Traceback" not in proc.stderr, proc.stderr
     return lines[0]
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT))
 
 
 def _files(path: Path) -> dict[str, bytes]:
@@ -143,3 +148,37 @@ def test_07_a_storage_file_too_long_for_the_system_is_bad_input(args: list[str],
     line = _one_line(proc, 2)
     assert line.startswith("lms-tuner: a path is too long for this system (") and len(line) < 300, line
     assert list(tmp_path.iterdir()) == []
+
+
+# ================================================================ 8 (low): a foreign study is refused by every command
+
+def _foreign_study(tmp_path: Path, name: str = "foo") -> None:
+    """A plain Optuna study where the tuner keeps its own, whose trials hold a `config` the tuner cannot read."""
+    import optuna
+
+    folder = tmp_path / "studies" / name
+    folder.mkdir(parents=True)
+    study = optuna.create_study(study_name=name, storage=f"sqlite:///{folder / 'study.db'}")
+
+    def objective(trial: optuna.Trial) -> float:
+        trial.set_user_attr("config", {"n_tensors": "x"})
+        return trial.suggest_float("a", 0, 1)
+
+    study.optimize(objective, n_trials=2)
+
+
+def test_08_report_best_and_list_refuse_a_study_lms_tuner_did_not_make(tmp_path: Path) -> None:
+    _foreign_study(tmp_path)
+    before = _files(tmp_path)
+    said = "study 'foo' in sqlite:///{}/studies/foo/study.db was not made by lms-tuner (2 trials, no tuner settings)"
+    said = said.format(tmp_path)
+    for args in (["report", "--study", "foo"], ["best", "--study", "foo"], ["best", "--study", "foo", "--json"]):
+        proc = run_cli(args, cwd=tmp_path, timeout=120)
+        assert _one_line(proc, 2) == f"lms-tuner: {said}; lms-tuner reads only the studies it made", args
+    search = run_cli(["search", *SIM, "--model", "mlp", "--study", "foo"], cwd=tmp_path, timeout=120)
+    assert f"{said} and is not taken over" in _one_line(search, 2)
+    listed = run_cli(["list"], cwd=tmp_path, timeout=120)
+    assert listed.returncode == 0 and listed.stderr == "", listed.stderr
+    assert listed.stdout.splitlines()[1].split() == ["foo", "2", "?", "?", "-", "(not", "made", "by", "lms-tuner)"]
+    assert _files(tmp_path) == before
+

@@ -51,6 +51,7 @@ def open_existing(args: argparse.Namespace) -> tuple[StorageSpec, Any, Any]:
     import optuna
 
     from ..storage import open_storage, study_names
+    from ..study import foreign_study
 
     spec = resolve_storage(args.storage, args.study, studies_dir=args.studies_dir)
     check_reachable(spec, create=False)
@@ -63,4 +64,8 @@ def open_existing(args: argparse.Namespace) -> tuple[StorageSpec, Any, Any]:
                        f"'{PROG} list'") from None
     if args.study not in study_names(storage):
         raise BadInput(f"study {args.study!r} does not exist in {spec.display}; see '{PROG} list'")
-    return spec, storage, optuna.load_study(study_name=args.study, storage=storage)
+    study = optuna.load_study(study_name=args.study, storage=storage)
+    foreign = foreign_study(study, display=spec.display)
+    if foreign:  # its trials' attributes may hold anything: they are not read as the tuner's records
+        raise BadInput(f"{foreign}; {PROG} reads only the studies it made")
+    return spec, storage, study

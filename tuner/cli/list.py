@@ -59,12 +59,17 @@ def _study_rows(args: argparse.Namespace, spec: StorageSpec) -> list[tuple[str, 
     from ..storage import open_storage
 
     from ..outputs import read_recommendation
-    from ..study import tuner_record
+    from ..study import foreign_study, tuner_record
 
     rows = []
     storage = open_storage(spec, read_only=True)
     for summary in optuna.study.get_all_study_summaries(storage=storage, include_best_trial=False):
         attrs = tuner_record(summary.user_attrs) or {}
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        if foreign_study(study, display=spec.display):  # its trials are not the tuner's records: not read
+            n = len(study.get_trials(deepcopy=False))
+            rows.append((summary.study_name, str(n), "?", "?", "-", "", "(not made by lms-tuner)"))
+            continue
         rec = args.studies_dir / summary.study_name / "recommended.json"
         best = ""
         if rec.is_file():
@@ -74,7 +79,6 @@ def _study_rows(args: argparse.Namespace, spec: StorageSpec) -> list[tuple[str, 
                         f"({'measured' if doc.get('measured') else 'predicted'})")
             except (ValueError, OSError):  # checked by the reader: a broken file is named, not the study
                 best = "(unreadable recommended.json)"
-        study = optuna.load_study(study_name=summary.study_name, storage=storage)
         evaluated = sum(1 for t in study.get_trials(deepcopy=False) if counted(t))
         budget = attrs.get("budget_bytes")
         rows.append((summary.study_name, str(evaluated), str(attrs.get("model", "?")),
