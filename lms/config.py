@@ -479,6 +479,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
 
     A reader never sees a half-written file; on failure the old file is untouched
     and no temporary file is left. The file gets the usual mode (0666 & ~umask).
+    A failed write (a full disk: ``write`` and ``fsync`` name no file) raises an OSError that names `path`.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -490,10 +491,12 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     return path

@@ -182,3 +182,57 @@ def test_08_report_best_and_list_refuse_a_study_lms_tuner_did_not_make(tmp_path:
     assert listed.stdout.splitlines()[1].split() == ["foo", "2", "?", "?", "-", "(not", "made", "by", "lms-tuner)"]
     assert _files(tmp_path) == before
 
+
+# ================================================================ also: a full disk during `report` names the folder
+
+def _adoptable_study(tmp_path: Path, name: str) -> None:
+    """An empty study with the tuner's directions (what a search leaves when it dies right after creating it)."""
+    import optuna
+
+    (tmp_path / "studies" / name).mkdir(parents=True)
+    optuna.create_study(study_name=name, storage=f"sqlite:///{tmp_path / 'studies' / name / 'study.db'}",
+                        directions=["maximize", "maximize"])
+
+
+def test_a_full_disk_during_report_names_the_folder(tmp_path: Path) -> None:
+    """The report goes to a 16 KiB tmpfs (a private mount namespace: root with unshare -m)."""
+    import shutil
+    import sys
+
+    unshare = shutil.which("unshare")
+    probe = subprocess.run([unshare or "unshare", "-m", "true"], capture_output=True) if unshare else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip("no private mount namespace (unshare -m, as root): cannot mount a small tmpfs")
+    _adoptable_study(tmp_path, "full")
+    full = tmp_path / "full"
+    full.mkdir()
+    script = 'mount -t tmpfs -o size=16k tmpfs "$1" && shift && exec "$@"'
+    proc = subprocess.run([unshare, "-m", "sh", "-c", script, "sh", str(full), sys.executable, "-m", "tuner", "report",
+                           "--study", "full", "--reports-dir", str(full)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env=_env())
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == (f"lms-tuner: cannot write the report in {full / 'full'}: No space left on device; make room "
+                    "there or give another --reports-dir, and run the report again"), proc.stderr
+
+
+def test_a_failed_atomic_write_names_its_file(tmp_path: Path) -> None:
+    """write() and fsync() name no file when the disk is full: atomic_write_bytes adds its path (here: a file size
+    limit, EFBIG, in a child process)."""
+    import sys
+
+    code = ("import resource, signal, sys\n"
+            "from lms.config import atomic_write_bytes\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+            "try:\n"
+            "    atomic_write_bytes(sys.argv[1], b'x' * 100_000)\n"
+            "except OSError as exc:\n"
+            "    print(exc.errno, exc.filename)\n")
+    target = tmp_path / "out" / "big.bin"
+    proc = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True, timeout=60,
+                          env=_env())
+    import errno
+
+    assert proc.stdout.split() == [str(errno.EFBIG), str(target)], proc.stdout + proc.stderr
+    assert list((tmp_path / "out").iterdir()) == []  # no temporary file left
