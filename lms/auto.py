@@ -20,7 +20,8 @@ and fragmentation included, which the budget is about; bytes in use alone read
 budget less the safety margin (the tuner's default 5%). The choice is the fitting rung with the shortest predicted
 step (the smaller peak on a tie). "no LMS" is the fastest step there is, so when
 it fits nothing else is simulated. When nothing fits, `NoConfigFits` names the
-smallest predicted peak, its config and the largest batch that config fits.
+smallest predicted peak, its config and the largest batch that config fits, or
+says that batch cannot be told from this trace (`batch_shaped`).
 
 The list is fixed so that the same graph, batch, budget and device always get
 the same config (no time limit decides). Fewer swaps (``n_tensors``) or an
@@ -30,6 +31,7 @@ the tuner's trials measure.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -38,9 +40,11 @@ from typing import Any
 from .config import LMSConfig
 from .machine.devices import DeviceProfile, get_device
 from .graph import Graph
+from .optypes import RESIDENT_TYPES
 from .sizes import MIN_SIZE, format_size, parse_size
 
-__all__ = ["AUTO", "DEFAULT_MARGIN", "AutoChoice", "Candidate", "NoConfigFits", "choose_config", "ladder"]
+__all__ = ["AUTO", "DEFAULT_MARGIN", "AutoChoice", "Candidate", "NoConfigFits", "batch_shaped", "choose_config",
+           "ladder"]
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +139,14 @@ class NoConfigFits(ValueError):
         budget_bytes / usable_bytes: the budget and what a peak may reach.
         smallest_peak_bytes: the smallest predicted peak of any rung.
         config: the config that reached it.
-        max_batch: the largest batch that config fits (0: not even batch 1).
+        max_batch: the largest batch that config fits (0: not even batch 1; None: this trace cannot tell,
+            see `batch_shaped`).
+        estimated_max_batch: the largest batch that config fits if the tensors `batch_shaped` finds grow
+            with the batch (an estimate; `max_batch` where that is known).
     """
 
     def __init__(self, message: str, *, batch: int, budget_bytes: int, usable_bytes: int, smallest_peak_bytes: int,
-                 config: LMSConfig, max_batch: int) -> None:
+                 config: LMSConfig, max_batch: int | None, estimated_max_batch: int | None = None) -> None:
         super().__init__(message)
         self.batch = batch
         self.budget_bytes = budget_bytes
@@ -147,6 +154,7 @@ class NoConfigFits(ValueError):
         self.smallest_peak_bytes = smallest_peak_bytes
         self.config = config
         self.max_batch = max_batch
+        self.estimated_max_batch = max_batch if estimated_max_batch is None else estimated_max_batch
 
 
 def _check_margin(margin: float) -> float:
@@ -201,13 +209,26 @@ def choose_config(graph: Graph, *, batch: int, budget: int | str, device: Device
     if not fitting:
         best = min(tried, key=lambda c: c.peak_bytes)
         fits_batch = _largest_fitting_batch(graph, best.config, usable, dev, exact=exact, below=batch)
+        estimate, tail = fits_batch, f"with it batch {fits_batch} would fit"
+        if not fits_batch:
+            tail = "with it not even batch 1 fits"
+            scaled, names = batch_shaped(graph)
+            if scaled is not None:
+                estimate = _largest_fitting_batch(scaled, best.config, usable, dev, exact=exact, below=batch)
+            if estimate:
+                fits_batch = None
+                unscaled = sum(graph.tensors[n].fixed_bytes for n in names)
+                tail = (f"the largest batch that fits cannot be told from this trace: {len(names)} tensors "
+                        f"({format_size(unscaled)} in all) lead with the traced batch {graph.batch_size} or a "
+                        "multiple yet keep that size at every batch in the graph model (a random draw shaped by "
+                        f"the batch, two batches concatenated); if they grow with the batch, batch {estimate} "
+                        "would fit with it (a trace at that batch tells)")
         raise NoConfigFits(
             f"no LMS config fits {name} at batch {batch} in {format_size(budget_bytes)} "
             f"({format_size(usable)} usable after the {margin:.0%} margin): the smallest predicted peak is "
-            f"{format_size(best.peak_bytes)}, with {best.label} ({_short(best.config)}); "
-            + (f"with it batch {fits_batch} would fit" if fits_batch else "with it not even batch 1 fits"),
+            f"{format_size(best.peak_bytes)}, with {best.label} ({_short(best.config)}); {tail}",
             batch=batch, budget_bytes=budget_bytes, usable_bytes=usable, smallest_peak_bytes=best.peak_bytes,
-            config=best.config, max_batch=fits_batch)
+            config=best.config, max_batch=fits_batch, estimated_max_batch=estimate)
     chosen = min(fitting, key=lambda c: (c.step_s, c.peak_bytes))
     reason = _reason(chosen, tried, usable)
     choice = AutoChoice(config=chosen.config, label=chosen.label, batch=batch, budget_bytes=budget_bytes,
@@ -234,6 +255,40 @@ def _largest_fitting_batch(graph: Graph, config: LMSConfig, usable: int, device:
         return 0
     return int(bfc_adjusted_batch(graph, resolve_plan(graph, config), top, usable, device=device,
                                   exact=exact)["batch"])
+
+
+def batch_shaped(graph: Graph) -> tuple[Graph | None, tuple[str, ...]]:
+    """`graph` with its fixed-size tensors that look batch-shaped made per-sample, and their names.
+
+    A step traced at a static batch has a batch dimension in the graph model only where a tensor is
+    computed from the step's inputs and leads with the batch (`lms.tf.extract`). A random draw shaped by
+    the batch (a GAN's latent vectors, and the generator's activations after it) or two batches
+    concatenated (its real and generated images, 2B rows) keep their traced size at every batch, so the
+    model cannot say how the step shrinks below the traced batch. Here a fixed-size tensor counts as
+    batch-shaped when its leading dimension is a multiple of the traced batch, its producer is not a
+    variable or constant, and no variable or constant has its shape (a weight's gradient, an optimizer
+    update). A heuristic: the result is an estimate, for a message.
+
+    Returns:
+        ``(graph with those tensors per-sample, their names)``; ``(None, ())`` when there are none (or the
+        graph was traced at batch 1, where every leading dimension is a multiple).
+    """
+    traced = graph.batch_size
+    if traced < 2:
+        return None, ()
+    resident = {t.op for t in graph.tensors.values() if graph.ops[t.op].type in RESIDENT_TYPES}
+    resident_shapes = {t.shape for t in graph.tensors.values() if t.op in resident}
+    tensors, moved = [], []
+    for t in graph.tensors.values():
+        lead = t.shape[0] if t.shape else None
+        if (t.fixed_bytes and not t.per_sample_bytes and isinstance(lead, int) and lead >= traced
+                and lead % traced == 0 and t.op not in resident and t.shape not in resident_shapes):
+            moved.append(t.name)
+            t = dataclasses.replace(t, fixed_bytes=0, per_sample_bytes=t.fixed_bytes // traced)
+        tensors.append(t)
+    if not moved:
+        return None, ()
+    return Graph(graph.ops.values(), tensors, batch_size=traced, name=graph.name), tuple(moved)
 
 
 def _short(config: LMSConfig) -> str:

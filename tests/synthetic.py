@@ -132,3 +132,46 @@ def bn_relu_blocks(blocks: int, *, dropout: bool = False, per_sample_bytes: int 
         grad = b.op(f"{p}/Conv2DBackpropInput", "Conv2DBackpropInput", s["w"], grad, role=Role.BACKWARD,
                     grad_of=f"block{i}/conv", per_sample_bytes=ps)
     return b.build()
+
+
+def gan_step(batch_size: int = 16, *, static: bool = True, row_bytes: int = 256 << 10) -> Graph:
+    """A GAN discriminator step as extracted from a trace at a static batch (`static`) or an unknown one.
+
+    ``z = RandomStandardNormal([B, w])`` (the batch size a Python int, as Keras 3's ``ops.shape`` gives it)
+    -> generator MatMul -> Relu; ``concat([fake, x])`` (2B rows) -> discriminator MatMul -> Relu -> loss,
+    and the backward pass. With `static`, the extraction sees the batch only in the input ``x``: every
+    tensor after the random draw or the concatenation is fixed-size. Without it, each tensor is per-sample
+    (the concatenated ones two rows per sample). The kernels lead with 2 * 16 rows, like a weight whose
+    first dimension happens to be a multiple of the batch; their gradients have the kernels' shape.
+    """
+    b = GraphBuilder(batch_size=batch_size, name=f"gan_{'static' if static else 'symbolic'}{batch_size}")
+
+    def rows(n: int) -> dict:  # `n` rows per sample
+        if static:
+            return dict(shape=(n * batch_size, row_bytes // 4), fixed_bytes=n * batch_size * row_bytes)
+        return dict(shape=(None, row_bytes // 4), per_sample_bytes=n * row_bytes)
+
+    kernel = dict(shape=(32, 8), fixed_bytes=32 * 8 * 4)
+    x = b.op("x", "Placeholder", shape=(batch_size if static else None, row_bytes // 4), per_sample_bytes=row_bytes)
+    g_kernel = b.op("generator/kernel", "Const", **kernel)
+    d_kernel = b.op("discriminator/kernel", "Const", **kernel)
+    z = b.op("random_normal", "RandomStandardNormal", **rows(1))
+    g1 = b.op("generator/MatMul", "MatMul", z, g_kernel, **rows(1))
+    fake = b.op("generator/Relu", "Relu", g1, **rows(1))
+    both = b.op("concat", "ConcatV2", fake, x, **rows(2))
+    d1 = b.op("discriminator/MatMul", "MatMul", both, d_kernel, **rows(2))
+    d2 = b.op("discriminator/Relu", "Relu", d1, **rows(2))
+    loss = b.op("loss", "Sum", d2, shape=(), fixed_bytes=4)
+    back = dict(role=Role.BACKWARD)
+    grad = b.op("gradient_tape/loss/Fill", "Fill", loss, grad_of="loss", **back, **rows(2))
+    grad = b.op("gradient_tape/discriminator/ReluGrad", "ReluGrad", grad, d2, grad_of="discriminator/Relu", **back,
+                **rows(2))
+    b.op("gradient_tape/discriminator/MatMul_1", "MatMul", both, grad, grad_of="discriminator/MatMul", **back,
+         **kernel)
+    grad = b.op("gradient_tape/discriminator/MatMul", "MatMul", grad, d_kernel, grad_of="discriminator/MatMul",
+                **back, **rows(2))
+    grad = b.op("gradient_tape/concat/Slice", "Slice", grad, grad_of="concat", **back, **rows(1))
+    grad = b.op("gradient_tape/generator/ReluGrad", "ReluGrad", grad, fake, grad_of="generator/Relu", **back,
+                **rows(1))
+    b.op("gradient_tape/generator/MatMul_1", "MatMul", z, grad, grad_of="generator/MatMul", **back, **kernel)
+    return b.build()

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from lms import LMSConfig
-from lms.auto import DEFAULT_MARGIN, AutoChoice, NoConfigFits, choose_config, ladder
+from lms.auto import DEFAULT_MARGIN, AutoChoice, NoConfigFits, batch_shaped, choose_config, ladder
 from lms.machine.devices import get_device
 from lms.sim import simulate
-from tests.synthetic import bn_relu_blocks, chain, residual
+from tests.synthetic import bn_relu_blocks, chain, gan_step, residual
 
 MiB = 1 << 20
 CPU = get_device("cpu")
@@ -98,6 +98,42 @@ def test_a_budget_too_small_for_batch_one_says_so():
     with pytest.raises(NoConfigFits, match="not even batch 1 fits") as info:
         choose_config(residual(2), batch=8, budget=1 << 21, device=CPU)
     assert info.value.max_batch == 0
+
+
+def test_a_trace_whose_tensors_hide_the_batch_does_not_claim_batch_one_does_not_fit():
+    # A GAN traced at a static batch 16: the random draw and the 2B concatenation keep their traced size at every
+    # batch in the graph model, so by that model no batch fits; the message used to say "not even batch 1 fits"
+    # where the step fits at a smaller batch (issue 51). The same step traced with an unknown batch is the truth.
+    static, symbolic = gan_step(16), gan_step(16, static=False)
+    budget = _budget_for(_peak(symbolic, LMSConfig(n_tensors=-1, lb=1), 6, CPU))
+    with pytest.raises(NoConfigFits) as info:
+        choose_config(static, batch=16, budget=budget, device=CPU)
+    err = info.value
+    assert _peak(static, err.config, 1, CPU) > err.usable_bytes  # the static model alone: not even batch 1
+    truth = max(b for b in range(1, 16) if _peak(symbolic, err.config, b, CPU) <= err.usable_bytes)
+    assert truth >= 6
+    assert err.max_batch is None and err.estimated_max_batch == truth
+    message = str(err)
+    assert "not even batch 1" not in message and len(message.splitlines()) == 1
+    # 5 tensors of one row (4 MiB at batch 16) and 6 of two rows
+    assert "cannot be told from this trace: 11 tensors (68.00 MiB in all) lead with the traced batch 16" in message
+    assert f"batch {truth} would fit with it" in message
+    # traced with an unknown batch, the same step and budget name that batch as known
+    with pytest.raises(NoConfigFits, match=f"with it batch {truth} would fit$") as known:
+        choose_config(symbolic, batch=16, budget=budget, device=CPU)
+    assert known.value.max_batch == known.value.estimated_max_batch == truth
+
+
+def test_batch_shaped_tensors_are_those_after_a_draw_or_a_concatenation_not_weights_or_their_gradients():
+    static, symbolic = gan_step(16), gan_step(16, static=False)
+    scaled, names = batch_shaped(static)
+    assert set(names) == {n for n, t in symbolic.tensors.items() if t.per_sample_bytes and n != "x:0"}
+    assert "gradient_tape/discriminator/MatMul_1:0" not in names  # (32, 8): a kernel's shape, 32 = 2 x 16
+    for batch in (1, 5, 16, 40):
+        assert {n: t.nbytes(batch) for n, t in scaled.tensors.items()} == \
+            {n: t.nbytes(batch) for n, t in symbolic.tensors.items()}
+    assert batch_shaped(symbolic) == (None, ())
+    assert batch_shaped(gan_step(1)) == (None, ())  # at batch 1 every leading dimension is a multiple
 
 
 def test_the_same_inputs_give_the_same_choice():
