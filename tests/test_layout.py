@@ -133,3 +133,13 @@ def test_simulate_on_a_gpu_charges_the_transposes_and_the_cpu_does_not():
     r16_plain = run(compile_graph(g16, resolve_plan(g16, plan), temporaries=temps, order=GPU.order,
                                   expensive_op_bytes=GPU.expensive_op_bytes), 8, device=GPU)
     assert r16.compute_time_s == r16_plain.compute_time_s
+
+
+def test_the_compute_capability_decides_which_half_precision_keeps_nhwc():
+    """fp16 keeps NHWC from Volta (7.0), bf16 from Ampere (8.0); Pascal converts both (Grappler on virtual GPUs,
+    tests/tf/test_inspect.py)."""
+    fp16, bf16 = conv_net(dtype="float16"), conv_net(dtype="bfloat16")
+    assert converts_layout(fp16, "6.0") and converts_layout(bf16, "6.0")
+    assert not converts_layout(fp16, "7.0") and converts_layout(bf16, "7.5")
+    assert not converts_layout(fp16, "8.0") and not converts_layout(bf16, "8.0")
+    assert converts_layout(conv_net(), "9.0")

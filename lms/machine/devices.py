@@ -93,6 +93,9 @@ class DeviceProfile:
             run under (``measure_step(executor="single_threaded")``).
         tf32_flops: TF32 tensor-core dense peak, FLOP/s (0: none, before Ampere):
             what TensorFlow's float32 matmuls and convolutions run at (module docstring).
+        compute_capability: CUDA compute capability, e.g. ``"7.0"`` ('' for the CPU): what
+            Grappler's GPU passes read (`lms.tf.grappler`: the layout optimizer keeps NHWC
+            for fp16 from 7.0 and bf16 from 8.0).
     """
 
     name: str
@@ -112,6 +115,7 @@ class DeviceProfile:
     kernels: str = "gpu"
     order: str = "executor"
     tf32_flops: float = 0.0
+    compute_capability: str = ""
 
     def __post_init__(self) -> None:
         for name in ("memory_bytes", "peak_flops", "mem_bandwidth", "link_bandwidth"):
@@ -143,12 +147,18 @@ class DeviceProfile:
         return dataclasses.asdict(self)
 
 
+# NVIDIA's CUDA GPUs list (developer.nvidia.com/cuda-gpus): compute capability by chip.
+_COMPUTE_CAPABILITY = {"P100": "6.0", "V100": "7.0", "T4": "7.5", "A100": "8.0", "A10": "8.6", "L4": "8.9",
+                       "L40S": "8.9", "H100": "9.0", "H200": "9.0", "GH200": "9.0"}
+
+
 def _gpu(name: str, mem_gib: int, tflops: float, mem_gbs: float, link: str, link_gbs: float,
          source: str, *, tf32_tflops: float = 0.0) -> DeviceProfile:
     return DeviceProfile(
         name=name, memory_bytes=mem_gib * GiB, peak_flops=tflops * _TFLOPS,
         mem_bandwidth=mem_gbs * _GB, link_bandwidth=_EFFECTIVE_LINK * link_gbs * _GB, link=link,
-        source=source, link_peak_bandwidth=link_gbs * _GB, tf32_flops=tf32_tflops * _TFLOPS)
+        source=source, link_peak_bandwidth=link_gbs * _GB, tf32_flops=tf32_tflops * _TFLOPS,
+        compute_capability=_COMPUTE_CAPABILITY[name.split("-", 1)[0]])
 
 
 _NVLINK1_MINSKY = ("NVLink 1.0 CPU-GPU, 2 links x 20 GB/s per direction "

@@ -124,8 +124,10 @@ def layout_transposes_on(graph: Graph, device: DeviceProfile | None) -> bool:
 
     On a GPU profile, when Grappler converts the graph's convolutions to NCHW.
     """
-    return device is not None and device.kernels == "gpu" and _memo(graph, ("converts_layout",),
-                                                                    lambda: converts_layout(graph))
+    if device is None or device.kernels != "gpu":
+        return False
+    capability = device.compute_capability
+    return _memo(graph, ("converts_layout", capability), lambda: converts_layout(graph, capability))
 
 
 def _trim(per_graph: dict) -> None:

@@ -41,7 +41,8 @@ CONV2D_TYPES = frozenset({"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropInputV
                           "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter"})
 CONV3D_TYPES = frozenset({"Conv3D", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"})
 _NHWC_COUNTED = frozenset({"Conv2D", "Conv3D"})  # the convolutions TF's rule counts (IsConv2D, IsConv3D)
-_NHWC_PREFERRING = frozenset({"float16", "bfloat16"})
+# NHWC-preferring dtypes and the compute capability from which Grappler keeps NHWC for them (tensor cores)
+_NHWC_FROM = {"float16": (7, 0), "bfloat16": (8, 0)}
 
 
 def _conv_dtype(graph: Graph, op_name: str) -> str:
@@ -50,22 +51,31 @@ def _conv_dtype(graph: Graph, op_name: str) -> str:
     return graph.tensors[ref].dtype if ref is not None else ""
 
 
-def converts_layout(graph: Graph) -> bool:
+def _capability(text: str) -> tuple[int, int]:
+    major, _, minor = text.partition(".")
+    return int(major), int(minor or 0)
+
+
+def converts_layout(graph: Graph, compute_capability: str = "") -> bool:
     """Whether Grappler's layout optimizer converts `graph`'s convolutions to NCHW on a GPU.
 
     True when the graph has convolutions and fewer than half of its forward
-    ``Conv2D``/``Conv3D`` run in fp16/bf16 (a graph with only depthwise
-    convolutions has none of those, so it is converted too). Taken from TF's
-    rule with the GPU assumed Volta or newer for fp16 and Ampere or newer for
-    bf16 (fp16 on a P100 is converted in TF; not modelled). fp32 counts as
-    converted: TF32 keeps NHWC only for a graph without fp32 backward
-    convolutions, i.e. not a training step.
+    ``Conv2D``/``Conv3D`` run in a dtype the GPU's tensor cores prefer in NHWC:
+    fp16 from compute capability 7.0 (Volta), bf16 from 8.0 (Ampere); on an
+    older GPU every dtype is converted. Without `compute_capability` the GPU is
+    assumed new enough for both. A graph with only depthwise convolutions has
+    none of those and is converted. fp32 counts as converted: TF32 keeps NHWC
+    only for a graph without fp32 backward convolutions, i.e. not a training
+    step. Checked against Grappler on virtual GPUs of compute capability 6.0,
+    7.0, 7.5, 8.0 and 9.0 (``tests/tf/test_inspect.py``).
     """
     convs = [o for o in graph.ops.values() if o.type in CONV2D_TYPES or o.type in CONV3D_TYPES]
     if not convs:
         return False
+    capability = _capability(compute_capability) if compute_capability else (99, 0)
+    preferring = {dtype for dtype, since in _NHWC_FROM.items() if capability >= since}
     forward = [o.name for o in convs if o.type in _NHWC_COUNTED]
-    half = sum(1 for name in forward if _conv_dtype(graph, name) in _NHWC_PREFERRING)
+    half = sum(1 for name in forward if _conv_dtype(graph, name) in preferring)
     return not forward or 2 * half < len(forward)
 
 
