@@ -5,6 +5,19 @@ either name, so two optimized graphs are compared by value: each compute node
 is named by a hash of its op, attributes and inputs' hashes (`Canonical`).
 Ops LMS inserted (swap ops, gates) are looked through to the tensor they stand
 for, and a recompute clone hashes like the original when it computes the same.
+
+On a GPU the comparison is modulo the layout pass. Grappler's layout optimizer
+converts fp32 convolutions to NCHW; every op it must not convert (a host swap
+op, a gate: both preserved) is a layout boundary, so with LMS a ``Transpose``
+sits at each swap, and a clone chain read through gates may run its elementwise
+ops in NHWC where the step without LMS runs them in NCHW. The layout
+optimizer's own ``Transpose`` and ``Reshape`` nodes (named ``...-LayoutOptimizer``)
+only move elements, so they are looked through like identities: ``Relu(T(x))``
+and ``T(Relu(x))`` are the same values. What a layout can change stays in the
+hash: an op's ``data_format`` (a convolution, ``BiasAdd``, pooling, batch norm in
+the other layout runs other kernels) and the permuted axes, sizes and paddings
+the optimizer gives reductions, ``Pad``, ``Concat`` and the like
+(``DataFormatDimMap``/``DataFormatVecPermute``, folded to constants).
 """
 
 from __future__ import annotations
@@ -22,9 +35,13 @@ CHECK_PREFIX = "lms_check/"
 # Ops whose output is their input, bit for bit (IdentityN: output k is input k).
 _IDENTITIES = frozenset({"Identity", "IdentityN", "Snapshot"})
 _NO_VALUE = frozenset({"NoOp"})  # ops without outputs
+# Nodes Grappler's layout optimizer adds that only move elements (module docstring): input 0 is the value.
+_LAYOUT_MOVES = frozenset({"Transpose", "Reshape"})
+_LAYOUT_SUFFIX = "-LayoutOptimizer"
 _BACK_EDGE = frozenset({"NextIteration", "RefNextIteration"})
 # Binary ops whose two operands commute exactly (IEEE a + b == b + a): their order does not count. An AddN's
-# order of summation does, as does the order of a chain of these, which the nodes downstream show.
+# order of summation does (from three terms on; a two-term AddN is a + b), as does the order of a chain of
+# these, which the nodes downstream show.
 _SYMMETRIC = frozenset({"Add", "AddV2", "Mul", "Maximum", "Minimum", "SquaredDifference", "Equal", "NotEqual",
                         "LogicalAnd", "LogicalOr", "BitwiseAnd", "BitwiseOr", "BitwiseXor"})  # the stand-ins and fetches the check adds to its copies of the graph
 
@@ -111,7 +128,8 @@ def canonical(graph_def: Any, naming: Naming) -> Canonical:
     def through(node: Any) -> bool:
         """A node looked through: one LMS inserted, or an identity (the same bits, kept or bypassed by Grappler
         depending on fan-out and control edges: whether it is there is no difference in what is computed)."""
-        return naming.inserted(node.name) or node.op in _IDENTITIES
+        return (naming.inserted(node.name) or node.op in _IDENTITIES
+                or (node.op in _LAYOUT_MOVES and node.name.endswith(_LAYOUT_SUFFIX)))
 
     def source(name: str) -> tuple[str, str]:
         """(node, output index) a data input stands for, inserted ops and identities looked through."""
@@ -146,7 +164,7 @@ def canonical(graph_def: Any, naming: Naming) -> Canonical:
                 continue
             open_.discard(name)
             ins = tuple(f"{hashes.get(op, 'loop')}:{k}" for op, k in data)
-            if node.op in _SYMMETRIC and len(ins) == 2:
+            if len(ins) == 2 and (node.op in _SYMMETRIC or node.op == "AddN"):
                 ins = tuple(sorted(ins))  # a + b and b + a are the same bits (Grappler sorts by names, which vary)
             h = hashlib.sha1(node.op.encode())
             for k, v in sorted(node.attr.items()):
@@ -171,7 +189,7 @@ def canonical(graph_def: Any, naming: Naming) -> Canonical:
     for n in graph_def.node:
         # a NoOp computes nothing, only orders (Grappler folds a BroadcastGradientArgs into one, or drops it);
         # a looked-through node is hashed as what it stands for, by its readers
-        if n.op not in _NO_VALUE and not through(n):
+        if n.op not in _NO_VALUE and not through(n) and not (n.op == "Const" and n.name.endswith(_LAYOUT_SUFFIX)):
             visit(n.name)
     return Canonical(hashes, inputs, names, describe)
 

@@ -59,14 +59,16 @@ from ..plan import SwapPlan
 from .canonical import CHECK_PREFIX, Canonical, Difference, Naming, canonical, differences, optimized_differences
 from .corrections import Correction, correct, drop_all
 from .extract import must_run
+from .grappler import GrapplerTarget, current_target
 
 __all__ = ["Correction", "Difference", "EquivalenceResult", "ensure_equivalent", "optimized_differences",
+           "optimized_graph_def",
            "cache_dir", "clear_cache", "MAX_ROUNDS", "CHECK_PREFIX", "CHECK_VERSION"]
 
 log = logging.getLogger(__name__)
 
 MAX_ROUNDS = 4
-CHECK_VERSION = 3  # part of every cache key: raise it when what the check compares changes
+CHECK_VERSION = 4  # part of every cache key: raise it when what the check compares changes
 _CACHE_SIZE = 16
 _PY_FUNCS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 
@@ -168,29 +170,9 @@ def _output_dtype(graph: tf.Graph, name: str) -> int:
     return graph.get_tensor_by_name(name).dtype.as_datatype_enum
 
 
-def _config() -> Any:
-    """Grappler's options as the runtime uses them (``tf.config.optimizer``); on a machine without GPUs the
-    layout and memory optimizers, which change nothing there, are off."""
-    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
-    from tensorflow.python.eager import context
-
-    config = config_pb2.ConfigProto()
-    config.CopyFrom(context.context().config)
-    if not tf.config.list_physical_devices("GPU"):
-        rewrite = config.graph_options.rewrite_options
-        rewrite.layout_optimizer = rewriter_config_pb2.RewriterConfig.OFF
-        rewrite.memory_optimization = rewriter_config_pb2.RewriterConfig.NO_MEM_OPT
-    return config
-
-
-def _optimize(meta: Any, config: Any) -> Any:
-    from tensorflow.python.grappler import tf_optimizer
-
-    return tf_optimizer.OptimizeGraph(config, meta, verbose=False)
-
-
-def _digest(*protos: Any) -> str:
+def _digest(target: GrapplerTarget, *protos: Any) -> str:
     h = hashlib.sha1(f"{CHECK_VERSION} {tf.__version__}".encode())
+    h.update(target.key())
     for p in protos:
         h.update(p.SerializeToString(deterministic=True))
     return h.hexdigest()
@@ -273,7 +255,7 @@ def clear_cache() -> None:
 
 
 def ensure_equivalent(graph: tf.Graph, plain_def: Any, model: Graph, plan: SwapPlan, *, outputs: Any,
-                      device: str) -> EquivalenceResult:
+                      device: str | None = None, target: GrapplerTarget | None = None) -> EquivalenceResult:
     """Make the step Grappler optimizes with `plan` applied compute what it computes without it.
 
     Args:
@@ -282,7 +264,9 @@ def ensure_equivalent(graph: tf.Graph, plain_def: Any, model: Graph, plan: SwapP
         model: the graph model the plan was made for.
         plan: the applied plan.
         outputs: what the step returns (fetched, with the ops TensorFlow must run).
-        device: where unplaced ops run (`lms.tf.apply.default_compute_device`).
+        device: where unplaced ops run (None: the target's `GrapplerTarget.compute_device`).
+        target: whose Grappler to run (None: `lms.tf.grappler.current_target`, this machine's unless
+            `lms.inspect` set a virtual GPU).
 
     Returns:
         `EquivalenceResult`: the plan as corrected (and the graph edited to match).
@@ -290,13 +274,14 @@ def ensure_equivalent(graph: tf.Graph, plain_def: Any, model: Graph, plan: SwapP
     start = time.perf_counter()
     if not plan.rewrites:
         return EquivalenceResult(plan)
-    fetch = tuple(dict.fromkeys(t.name for t in tf.nest.flatten(outputs, expand_composites=True)
-                                if tf.is_tensor(t) and getattr(t, "graph", None) is graph))
+    target = target or current_target()
+    device = device or target.compute_device
+    fetch = _fetches(graph, outputs)
     present = _names(plain_def)
     keep = tuple(op.name for op in graph.get_operations() if op.name in present and must_run(op))
-    config = _config()
+    config = target.config()
     plain_meta = _meta(plain_def, graph, fetch, keep, device)
-    plain_key = _digest(config, plain_meta)
+    plain_key = _digest(target, config, plain_meta)
     plain = _STORE.plain(plain_key)
     naming = Naming(plan)
     corrections: list[Correction] = []
@@ -304,14 +289,14 @@ def ensure_equivalent(graph: tf.Graph, plain_def: Any, model: Graph, plan: SwapP
     rounds = 0
     while True:
         lms_meta = _meta(graph.as_graph_def(), graph, fetch, keep, device)
-        key = f"{plain_key}-{_digest(config, lms_meta)}"
+        key = f"{plain_key}-{_digest(target, config, lms_meta)}"
         if _STORE.equivalent(key):
             return EquivalenceResult(plan, tuple(corrections), rounds, time.perf_counter() - start, cached=not rounds)
         if plain is None:
-            plain = canonical(_optimize(plain_meta, config), Naming(SwapPlan(config=plan.config)))
+            plain = canonical(target.optimize(plain_meta, config), Naming(SwapPlan(config=plan.config)))
             _STORE.put_plain(plain_key, plain)
         rounds += 1
-        diffs = differences(plain, canonical(_optimize(lms_meta, config), naming))
+        diffs = differences(plain, canonical(target.optimize(lms_meta, config), naming))
         if not diffs:
             _STORE.put_equivalent(key)
             return EquivalenceResult(plan, tuple(corrections), rounds, time.perf_counter() - start)
@@ -324,6 +309,21 @@ def ensure_equivalent(graph: tf.Graph, plain_def: Any, model: Graph, plan: SwapP
                         "(e.g. %s): every swap and recompute left is dropped", rounds, diffs[0])
             plan = drop_all(graph, plan, corrections, str(diffs[0]))
             return EquivalenceResult(plan, tuple(corrections), rounds, time.perf_counter() - start)
+
+
+def optimized_graph_def(graph: tf.Graph, *, outputs: Any, target: GrapplerTarget | None = None,
+                        device: str | None = None) -> Any:
+    """The GraphDef Grappler makes of the traced `graph` for `target`, as `ensure_equivalent` optimizes it
+    (nodes placed, the step's arguments with their static shapes, `outputs` fetched)."""
+    target = target or current_target()
+    keep = tuple(op.name for op in graph.get_operations() if must_run(op))
+    meta = _meta(graph.as_graph_def(), graph, _fetches(graph, outputs), keep, device or target.compute_device)
+    return target.optimize(meta, target.config())
+
+
+def _fetches(graph: tf.Graph, outputs: Any) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(t.name for t in tf.nest.flatten(outputs, expand_composites=True)
+                               if tf.is_tensor(t) and getattr(t, "graph", None) is graph))
 
 
 def _names(graph_def: Any) -> set[str]:

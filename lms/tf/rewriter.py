@@ -27,7 +27,7 @@ from ..plan import SwapPlan
 from ..plan import plan_swaps
 from ..plan.candidates import LOOP_ACCUMULATOR_REASON
 from ..sim.interpreter import resolve_plan
-from .apply import AppliedPlan, apply_plan, default_compute_device
+from .apply import AppliedPlan, apply_plan
 from .auto import AutoSettings
 from .batch import batch_argument, call_batch, observe_batch, static_batch
 from .emulate import default_emulate
@@ -186,8 +186,7 @@ class Rewriter:
         applied = apply_plan(graph, plan, swap_ops=self.swap_ops, bandwidth=self.bandwidth, device=self.device)
         swapped = time.perf_counter()
         if plain_def is not None:
-            checked = ensure_equivalent(graph, plain_def, model, plan, outputs=outputs,
-                                        device=self.device or default_compute_device())
+            checked = ensure_equivalent(graph, plain_def, model, plan, outputs=outputs, device=self.device)
             plan, corrections = checked.plan, checked.corrections
             if corrections:
                 plan.validate(model)
