@@ -277,14 +277,18 @@ def _measure_fixed(request: MeasureRequest, run: Any, events: _Events, *, backen
     """``--batch N``: one timed run at N; it fits when its peak is within the usable budget (no search)."""
     batch, usable = request.start_batch, request.usable_bytes
     events.emit("phase", phase="timing", batch=batch)
-    out: dict[str, Any] = {"tensorflow": tf.__version__, "lms_summary": lms_summary_record(fn)}
+    out: dict[str, Any] = {"tensorflow": tf.__version__}
     over = (lambda peak: peak > usable) if request.stop_over_budget else None  # no later step can undo it
     try:
         m = run(batch, warmup=request.warmup, steps=request.steps, stop_after=over)
     except tf.errors.ResourceExhaustedError as exc:
         events.emit("probe", batch=batch, fits=False, peak_bytes=None, oom=True, usable_bytes=usable)
         return MeasureResult(status="oom", batch_size=0, throughput=0.0, device=backend.device_label(""),
-                             reason=f"batch {batch} does not fit: {_oom(exc)}", **out)
+                             reason=f"batch {batch} does not fit: {_oom(exc)}", lms_summary=lms_summary_record(fn),
+                             **out)
+    # after the run, not before: the step traces (and LMS plans) on its first call; before it `fn.summary`
+    # is None, and every fresh-process trial recorded n_swapped=0 (issue 51)
+    out["lms_summary"] = lms_summary_record(fn)
     peak = int(m.peak_device_bytes)
     fits = peak <= usable
     events.emit("probe", batch=batch, fits=fits, peak_bytes=peak, oom=False, usable_bytes=usable)
@@ -350,8 +354,8 @@ def lms_summary_record(fn: Any) -> dict[str, Any]:
     """What a trial records of the LMS its step ran with: counts, whether the memory schedule ran exactly, and
     what the equivalence check corrected (`tuner.records.corrections_summary`)."""
     summary = getattr(fn, "summary", None)
-    if summary is None:
-        return {"n_swapped": 0}
+    if summary is None:  # not traced yet: nothing is known, not "nothing swapped"
+        return {}
     data = summary.to_dict() if hasattr(summary, "to_dict") else dict(summary)
     out = {k: data[k] for k in ("n_swapped", "n_swap_ins", "swapped_bytes", "n_candidates", "swap_ops", "n_clones")
            if k in data}
