@@ -391,8 +391,10 @@ def fmt_batch(o: ConfigOutcome) -> str:
 
 
 def fmt_config(config: Mapping[str, Any]) -> str:
-    if not config.get("n_tensors"):
-        return "LMS off" + (f", schedule={config['schedule']}" if config.get("schedule", "tf") != "tf" else "")
+    if not config.get("n_tensors"):  # no swaps: "LMS off" only when nothing else acts either
+        acting = [f"{k}={config[k]}" for k, off in (("schedule", "tf"), ("recompute", "none"))
+                  if config.get(k, off) != off]
+        return ", ".join(["no swaps" if acting else "LMS off", *acting])
     parts = [f"n_tensors={config['n_tensors']}", f"lb={config['lb']}"]
     if config.get("fuse_swapins"):
         parts.append("fuse")

@@ -157,6 +157,8 @@ def test_batch_and_throughput_rows_are_formatted_exactly():
 
 @pytest.mark.parametrize("config, text", [
     (LMSConfig(n_tensors=0).to_dict(), "LMS off"),
+    (LMSConfig(n_tensors=0, recompute="cheap").to_dict(), "no swaps, recompute=cheap"),
+    (LMSConfig(n_tensors=0, schedule="memory").to_dict(), "no swaps, schedule=memory"),
     (LMSConfig(n_tensors=100, lb=5).to_dict(), "n_tensors=100, lb=5"),
     (LMSConfig(lb=5, ctrld_strategy="direct_order").to_dict(), "n_tensors=-1, lb=5, direct_order"),
     (LMSConfig(lb=3, fuse_swapins=True, swap_branches=True, branch_threshold=20).to_dict(),

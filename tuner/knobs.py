@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from lms.config import LMSConfig
 
-__all__ = ["Knob", "KnobTable", "KNOB_TABLE", "canonical_key", "short_label"]
+__all__ = ["Knob", "KnobTable", "KNOB_TABLE", "canonical_key", "short_label", "swap_note"]
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,17 @@ class KnobTable:
             parts.insert(0, "no swaps" if parts else "no LMS")
         return " ".join(parts)
 
+    def swap_note(self, config: Any) -> str:
+        """``"LMS off"`` for a config that does nothing (no swaps, no recompute, no order pinned), ``"no swaps"``
+        for one that swaps nothing but recomputes or pins an order (``n_tensors=0, recompute="cheap"``),
+        ``""`` for one that swaps. `config`: a config or its dict (missing fields: defaults; unknown: ignored)."""
+        if isinstance(config, Mapping):
+            known = {k.name for k in self.knobs}
+            config = self.from_dict({k: v for k, v in config.items() if k in known})
+        if config.n_tensors != 0:
+            return ""
+        return "no swaps" if config.enabled or config.pins_order else "LMS off"
+
 
 KNOB_TABLE = KnobTable(LMSConfig)
 
@@ -144,3 +155,8 @@ def canonical_key(config: LMSConfig) -> str:
 def short_label(config: LMSConfig) -> str:
     """`KnobTable.short_label` of the `LMSConfig` table."""
     return KNOB_TABLE.short_label(config)
+
+
+def swap_note(config: LMSConfig | Mapping[str, Any]) -> str:
+    """`KnobTable.swap_note` of the `LMSConfig` table."""
+    return KNOB_TABLE.swap_note(config)

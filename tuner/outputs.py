@@ -30,7 +30,7 @@ from . import RECOMMENDATION_VERSION as SCHEMA_VERSION
 from .backends import Backend, get_backend
 from .budget import format_bytes
 from .bracket import CONFIRMATIONS_ATTR, confirmed_figures, start_origin
-from .knobs import KNOB_TABLE, KnobTable
+from .knobs import KNOB_TABLE, KnobTable, swap_note
 from .records import corrections_warning
 from .selection import Confirmed, baseline_trial, feasible_trials, select_recommendation, throughput_peak_front
 
@@ -304,7 +304,7 @@ def format_recommendation(doc: Mapping[str, Any]) -> str:
         f"backend {doc['backend']}, budget {format_bytes(doc['budget_bytes'])} "
         f"(usable {format_bytes(doc.get('usable_bytes'))})",
         *([f"  budget: {doc['budget_source']}"] if doc.get("budget_source") not in (None, "", "--budget") else []),
-        f"recommended LMS config: {knobs}" + ("  (LMS off)" if cfg.get("n_tensors") == 0 else ""),
+        f"recommended LMS config: {knobs}" + (f"  ({note})" if (note := swap_note(cfg)) else ""),
         *([f"  tuned for    " + ", ".join(f"{k}={v}" for k, v in doc["tuned_for"].items())
            + ("  (fixed by --batch: the fastest config that fits)" if (doc.get("goal") or {}).get("batch") else "")]
           if doc.get("tuned_for") else []),

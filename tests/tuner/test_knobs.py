@@ -19,13 +19,14 @@ from lms import LMSConfig
 from lms.config import knob
 from tests.synthetic import residual
 from tuner.batch import predict_max_batch, usable_bytes
-from tuner.knobs import KNOB_TABLE, KnobTable, canonical_key, short_label
+from tuner.knobs import KNOB_TABLE, KnobTable, canonical_key, short_label, swap_note
 from tuner.loop import optimize
 from tuner.outputs import write_trials_csv
 from tuner.progress import Progress
 from tuner.records import predicted_record
 from tuner.report.data import report_data
 from tuner.report.html import render_html
+from tuner.report.markup import config_knobs
 from tuner.space import SearchSpace
 from tuner.study import make_sampler
 
@@ -83,6 +84,18 @@ def test_canonical_key_is_the_sorted_json_of_the_canonical_config() -> None:
 ])
 def test_short_label(config, label) -> None:
     assert short_label(config) == label
+
+
+@pytest.mark.parametrize("config, note, knobs", [
+    (LMSConfig(n_tensors=0, lb=4), "LMS off", "n_tensors=0 (LMS off)"),
+    # recompute without swaps saves memory: not "LMS off" (issue 51); the swap knobs (lb) mean nothing
+    (LMSConfig(n_tensors=0, lb=4, recompute="cheap"), "no swaps", 'n_tensors=0 (no swaps), recompute="cheap"'),
+    (LMSConfig(n_tensors=0, schedule="memory"), "no swaps", 'n_tensors=0 (no swaps), schedule="memory"'),
+    (LMSConfig(n_tensors=5, lb=3, recompute="cheap"), "", 'n_tensors=5, lb=3, recompute="cheap"'),
+])
+def test_only_a_config_that_does_nothing_is_labelled_lms_off(config, note, knobs) -> None:
+    assert swap_note(config) == swap_note(config.to_dict()) == note
+    assert config_knobs(config.to_dict()) == knobs
 
 
 def test_integer_knobs_are_bounded_with_the_field_named() -> None:

@@ -98,6 +98,12 @@ def test_write_outputs_measured(tmp_path: Path) -> None:
     for key in ("batch size", "throughput", "peak memory"):  # each figure labelled
         line = next(ln for ln in text.splitlines() if ln.strip().startswith(key))
         assert "measured on the emulated device" in line, line
+    assert "(LMS off)" not in text and "(no swaps)" not in text
+    # a recompute-only config saves memory: its summary line does not say "LMS off" (issue 51)
+    for config, note in ((LMSConfig(n_tensors=0, recompute="cheap"), "  (no swaps)"), (LMSConfig(n_tensors=0), "  (LMS off)")):
+        line = next(ln for ln in format_recommendation({**on_disk, "config": config.to_dict()}).splitlines()
+                    if ln.startswith("recommended LMS config:"))
+        assert line.endswith(f" recompute={config.recompute} prefetch=lb{note}"), line
 
 
 def test_trials_csv_columns(tmp_path: Path) -> None:

@@ -115,10 +115,15 @@ def img(image: Image | None, *, caption: str) -> str:
 
 def config_knobs(config: Mapping[str, Any], table: KnobTable = KNOB_TABLE) -> str:
     """``n_tensors=100, lb=5, fuse_swapins=true``: the knobs shown always (n_tensors, lb), other fields where
-    they differ from the config's defaults (``n_tensors=0``: LMS off, nothing else matters)."""
-    if config.get("n_tensors") == 0:
-        return "n_tensors=0 (LMS off)"
+    they differ from the config's defaults. Without swaps (``n_tensors=0``) the swap knobs mean nothing:
+    ``n_tensors=0 (LMS off)``, or ``n_tensors=0 (no swaps), recompute="cheap"`` (`KnobTable.swap_note`)."""
     defaults = table.config_cls().to_dict()
+    note = table.swap_note(config)
+    if note:
+        swap_knobs = {k.name for k in table.knobs if k.swaps_only}
+        return ", ".join([f"n_tensors=0 ({note})"] + [f"{k}={json.dumps(v)}" for k, v in config.items()
+                                                      if k != "n_tensors" and k not in swap_knobs
+                                                      and defaults.get(k, object()) != v])
     always = table.always_shown
     shown = [f"{k}={json.dumps(v)}" + (" (all)" if k == "n_tensors" and v == -1 else "")
              for k, v in config.items() if k in always or defaults.get(k, object()) != v]
