@@ -39,6 +39,7 @@ import weakref
 from typing import Any, Callable, Mapping
 
 import tensorflow as tf
+from tensorflow.python.trackable.base import SaveType, Trackable
 
 from ..auto import AUTO, DEFAULT_MARGIN
 from .apply import AppliedPlan
@@ -54,8 +55,15 @@ log = logging.getLogger(__name__)
 _NOT_WHOLE = object()  # `LMSFunction._call_pinned_whole`: run the plain tf.function instead
 
 
-class LMSFunction(LatestTrace):
+class LMSFunction(LatestTrace, Trackable):
     """A ``tf.function`` whose traced graph swaps activations to host memory (see module docstring).
+
+    Saving: ``tf.saved_model.save`` exports the step *without* LMS (`export_function`: the plain
+    ``tf.function`` of the same Python function, traced for every input signature this step was traced
+    with). LMS changes where tensors live, not the values the step computes, and the emulated swap
+    ops (``tf.numpy_function``) cannot be loaded in another process. A ``tf.Module`` whose ``train``
+    is an `LMSFunction` (an attribute, or a decorated method) loads with a callable ``train``; wrap it
+    in `lms.function` again after loading to train with LMS.
 
     Attributes:
         config: the `LMSConfig`.
@@ -98,6 +106,9 @@ class LMSFunction(LatestTrace):
             return out
 
         self._tf_function = tf.function(traced, **tf_function_kwargs)
+        self._tf_function_kwargs = dict(tf_function_kwargs)
+        self._export: Any = None  # `export_function`, made when first asked for
+        self._attribute: str | None = None  # the class attribute this decorates (`__set_name__`)
         functools.update_wrapper(self, fn)
 
     @tf.autograph.experimental.do_not_convert  # plain Python; the step itself is converted by its tf.function
@@ -208,8 +219,12 @@ class LMSFunction(LatestTrace):
             reasons = [v for v in self._whole.values() if isinstance(v, str)]
         return reasons[-1] if reasons else ""
 
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._attribute = name
+
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        """Used as a method decorator: one `LMSFunction` per instance, bound to it."""
+        """Used as a method decorator: one `LMSFunction` per instance, bound to it (and, on a ``tf.Module``,
+        tracked under the method's name, so that ``tf.saved_model.save`` exports it)."""
         if instance is None:
             return self
         bound = self._bound.get(instance)
@@ -217,7 +232,29 @@ class LMSFunction(LatestTrace):
             config = AUTO if self._rewriter.auto is not None else self._rewriter.config
             bound = LMSFunction(types.MethodType(self._fn, instance), config=config, **self._options)
             self._bound[instance] = bound
+            if self._attribute and isinstance(instance, Trackable):
+                instance._track_trackable(bound, name=self._attribute, overwrite=True)
         return bound
+
+    @property
+    def export_function(self) -> Any:
+        """The step without LMS: a plain ``tf.function`` of the same Python function and options, traced for
+        every input signature this step was traced with. What ``tf.saved_model.save`` exports (see the class
+        docstring); give it as ``signatures=`` or assign it to a module's attribute to export it yourself."""
+        if self._export is None:
+            self._export = tf.function(self._fn, **self._tf_function_kwargs)
+        if self._tf_function_kwargs.get("input_signature") is None:  # with one, the export traces it itself
+            for concrete in self._tf_function._list_all_concrete_functions():
+                args, kwargs = concrete.structured_input_signature
+                self._export.get_concrete_function(*args, **kwargs)
+        return self._export
+
+    def _trackable_children(self, save_type: Any = SaveType.CHECKPOINT, **kwargs: Any) -> dict[str, Any]:
+        """In a SavedModel: ``__call__``, the step without LMS (`export_function`), so that the loaded object
+        is callable. In a checkpoint: nothing (the step holds no variables of its own)."""
+        if save_type != SaveType.SAVEDMODEL:
+            return {}
+        return {"__call__": self.export_function}
 
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
         """Trace (with LMS applied) and return the concrete function, like ``tf.function``'s."""

@@ -236,3 +236,100 @@ def test_a_failed_atomic_write_names_its_file(tmp_path: Path) -> None:
 
     assert proc.stdout.split() == [str(errno.EFBIG), str(target)], proc.stdout + proc.stderr
     assert list((tmp_path / "out").iterdir()) == []  # no temporary file left
+
+
+# ================================================================ 2 (medium): tf.saved_model.save keeps an lms.function
+
+#: Two tf.Modules whose `train` is an lms.function (an attribute; a decorated method), trained one step each with LMS
+#: (emulated swap ops: tf.numpy_function), saved, then trained one more step: the figures a loaded `train` must match.
+SAVE_SCRIPT = '''
+import json, sys
+import numpy as np
+import tensorflow as tf
+import lms
+
+SPEC = [tf.TensorSpec([16, 32], tf.float32), tf.TensorSpec([16, 1], tf.float32)]
+CONFIG = lms.LMSConfig(n_tensors=-1)
+
+
+class Net(tf.Module):
+    def __init__(self):
+        rng = np.random.default_rng(0)
+        self.w1 = tf.Variable(rng.normal(size=(32, 64)).astype("float32") * 0.1)
+        self.w2 = tf.Variable(rng.normal(size=(64, 1)).astype("float32") * 0.1)
+
+    def step(self, x, y):
+        with tf.GradientTape() as tape:
+            h = tf.nn.relu(tf.matmul(x, self.w1))
+            loss = tf.reduce_mean(tf.square(tf.matmul(h, self.w2) - y))
+        g1, g2 = tape.gradient(loss, [self.w1, self.w2])
+        self.w1.assign_sub(0.1 * g1)
+        self.w2.assign_sub(0.1 * g2)
+        return loss
+
+
+class ByAttribute(Net):
+    def __init__(self):
+        super().__init__()
+        self.train = lms.function(self.step, config=CONFIG, input_signature=SPEC, check=False)
+
+
+class ByMethod(Net):
+    @lms.function(config=CONFIG, input_signature=SPEC, check=False)
+    def train(self, x, y):
+        return self.step(x, y)
+
+
+rng = np.random.default_rng(1)
+x = tf.constant(rng.normal(size=(16, 32)).astype("float32"))
+y = tf.constant(rng.normal(size=(16, 1)).astype("float32"))
+out = {}
+for name, cls in (("attribute", ByAttribute), ("method", ByMethod)):
+    net = cls()
+    net.train(x, y)
+    assert net.train.swap_ops == "emulated" and net.train.summary.n_swapped > 0, net.train.summary
+    tf.saved_model.save(net, f"{sys.argv[1]}/{name}")
+    loss = net.train(x, y)
+    out[name] = {"loss": float(loss), "w1": net.w1.numpy().tolist(), "swapped": net.train.summary.n_swapped}
+np.save(f"{sys.argv[1]}/x.npy", x.numpy())
+np.save(f"{sys.argv[1]}/y.npy", y.numpy())
+print(json.dumps(out))
+'''
+
+LOAD_SCRIPT = '''
+import json, sys
+import numpy as np
+import tensorflow as tf
+
+x, y = (tf.constant(np.load(f"{sys.argv[1]}/{n}.npy")) for n in ("x", "y"))
+out = {}
+for name in ("attribute", "method"):
+    loaded = tf.saved_model.load(f"{sys.argv[1]}/{name}")
+    loss = loaded.train(x, y)
+    out[name] = {"loss": float(loss), "w1": loaded.w1.numpy().tolist()}
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.tf
+def test_02_a_saved_lms_function_loads_as_the_plain_step_in_a_fresh_process(tmp_path: Path) -> None:
+    from tests import forked_cli
+
+    for name, text in (("save.py", SAVE_SCRIPT), ("load.py", LOAD_SCRIPT)):
+        (tmp_path / name).write_text(text)
+    env = dict(_env(), TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
+    saved = forked_cli.run_python([str(tmp_path / "save.py"), str(tmp_path)], cwd=tmp_path, env=env, timeout=300)
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    trained = json.loads(saved.stdout.strip().splitlines()[-1])
+    # a process started from nothing: no tf.numpy_function callback of the saving process exists in it
+    import sys
+
+    loaded = subprocess.run([sys.executable, str(tmp_path / "load.py"), str(tmp_path)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    again = json.loads(loaded.stdout.strip().splitlines()[-1])
+    for name in ("attribute", "method"):
+        assert trained[name]["swapped"] > 0
+        # LMS moves tensors, not values: the loaded plain step takes the same step from the saved weights
+        assert again[name]["loss"] == trained[name]["loss"], (name, again[name]["loss"], trained[name]["loss"])
+        assert again[name]["w1"] == trained[name]["w1"], name
