@@ -30,6 +30,8 @@ _LAZY = {
     "LMSFunction": "lms.tf.function",
     "LMSModel": "lms.tf.keras",
     "enable_lms": "lms.tf.keras",
+    "inspect": "lms.tf.inspect",
+    "Inspection": "lms.tf.inspect",
 }
 
 __all__ = [

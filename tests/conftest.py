@@ -80,6 +80,7 @@ def pytest_xdist_auto_num_workers(config) -> int:  # noqa: ARG001
 # the longest first. By its own rule (most tests first) a file of two 25-second tests ran last, and one worker
 # finished 31 s before the other.
 FILE_SECONDS = {
+    "tests/tf/test_inspect.py": 40,
     "tests/tf/test_realworld.py": 119, "tests/tf/test_bitwise.py": 79, "tests/tuner/test_faults.py": 58,
     "tests/tuner/test_cli.py": 57, "tests/tf/test_models.py": 56, "tests/tuner/test_reliability3.py": 44,
     "tests/tf/test_pin.py": 42, "tests/tuner/test_confirm.py": 38, "tests/tf/test_measure.py": 36,

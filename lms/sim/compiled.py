@@ -39,7 +39,7 @@ from ..graph import Graph, Role
 from ..optypes import INPUT_TYPES, RESIDENT_TYPES, VIEW_TYPES
 from ..plan import HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
 from .costs import ZERO_COST_TYPES, TemporaryModel, op_bytes, op_flops, op_temporary
-from .layout import is_transposed, transposed_rank
+from .layout import nchw_tensors, swap_transposes, transposed_rank
 from .order import bypass_identities, executed_order, prune_dead
 from .shapes import complete_sizes, is_noop_reduction
 
@@ -310,10 +310,11 @@ def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "e
 
     if layout_transposes and (swaps.out_pos or swaps.in_pos):
         ranks = transposed_rank(g)
+        beside = swap_transposes(g, ranks, nchw_tensors(g, ranks))
         for pos in (*swaps.out_pos, *swaps.in_pos):
             op = ops[pos]
             t = op.inputs[0] if op.type == SWAP_OUT_TYPE else op.outputs[0]
-            if not is_transposed(g, t, ranks):
+            if op.name not in beside:
                 continue
             spec = g.tensors[t]
             temp_fixed[pos] += spec.fixed_bytes

@@ -1,0 +1,169 @@
+"""`lms.inspect` on virtual GPUs: the equivalence check keeps every harmless swap, and Grappler's GPU layout is predicted.
+
+No GPU is needed: Grappler runs offline against a virtual cluster of the
+profile's GPU (`lms.tf.grappler.virtual_target`), and makes the GPU's layout
+decisions (fp32 convolutions to NCHW, a ``Transpose`` at every host swap op).
+The check compares the step optimized without and with LMS modulo that layout
+pass (`lms.tf.canonical`), so a harmless plan gets no correction on any GPU,
+while a swap that really changes Grappler's arithmetic is still corrected.
+These are Grappler's decisions for the device, not measurements on it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import lms  # noqa: E402
+from lms.tf.grappler import virtual_target  # noqa: E402
+
+pytestmark = [pytest.mark.tf, pytest.mark.slow]
+
+DEVICES = ("V100-16GB", "A100-80GB", "H100-80GB")  # compute capability 7.0, 8.0, 9.0
+CONFIGS = {
+    "swaps": lms.LMSConfig(n_tensors=-1, lb=1),
+    "fused": lms.LMSConfig(n_tensors=-1, lb=3, fuse_swapins=True),
+    "branches": lms.LMSConfig(n_tensors=-1, lb=2, swap_branches=True, branch_threshold=3),
+    "prefetch": lms.LMSConfig(n_tensors=-1, lb=2, schedule="memory", prefetch="headroom"),
+    "recompute": lms.LMSConfig(n_tensors=-1, lb=3, fuse_swapins=True, recompute="cheap"),
+    "order": lms.LMSConfig(n_tensors=-1, lb=1, schedule="memory"),
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_disk_cache():
+    old = os.environ.get("LMS_CACHE_DIR")
+    os.environ["LMS_CACHE_DIR"] = ""  # every verdict computed here, none read from an earlier run
+    yield
+    if old is None:
+        os.environ.pop("LMS_CACHE_DIR", None)
+    else:
+        os.environ["LMS_CACHE_DIR"] = old
+
+
+def _residual_step(policy: str = "float32", *, harmful: bool = False):  # noqa: ANN202
+    """A small fp32 (or mixed precision) residual conv net as ResNet has it: stem, MaxPool, BN blocks, Flatten."""
+    keras.utils.set_random_seed(3)
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        inp = keras.Input((16, 16, 3))
+        x = keras.layers.Conv2D(8, 3, padding="same")(inp)
+        x = keras.layers.MaxPooling2D(3, strides=2, padding="same")(x)
+        for _ in range(2):
+            h = keras.layers.Conv2D(8, 3, padding="same")(x)
+            h = keras.layers.Activation("relu")(keras.layers.BatchNormalization()(h))
+            h = keras.layers.Conv2D(8, 3, padding="same")(h)
+            x = keras.layers.Add()([x, keras.layers.BatchNormalization()(h)])
+        h = keras.layers.Flatten()(x)
+        if harmful:  # exp(0.2 h) between two Dense layers: swapping its output changes the arithmetic optimizer's rewrite
+            h = keras.layers.Dense(16)(h)
+            h = keras.layers.Lambda(lambda t: tf.exp(0.2 * t))(h)
+        out = keras.layers.Dense(7, dtype="float32")(h)
+        model = keras.Model(inp, out)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    opt = keras.optimizers.SGD(0.01)
+    opt.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.autograph.experimental.do_not_convert
+    def step(x, y):  # noqa: ANN001, ANN202
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    return step
+
+
+ARGS = (tf.TensorSpec((4, 16, 16, 3)), tf.TensorSpec((4,), tf.int32))
+
+
+@pytest.fixture(scope="module")
+def fp32_step():  # noqa: ANN201
+    return _residual_step()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_fp32_every_config_class_keeps_its_plan_on_a_virtual_gpu(fp32_step, device, name):
+    rec = lms.inspect(fp32_step, *ARGS, config=CONFIGS[name], device=device)
+    assert rec.nchw_ops > 0  # Grappler converted the convolutions for this GPU
+    assert rec.corrections == ()
+    assert rec.n_swapped + rec.n_recomputed == rec.n_planned >= 6
+    assert rec.swap_ops_on_host
+    assert rec.transposed_swap_ops == rec.predicted_transposed_swap_ops != frozenset()
+    assert rec.transposes_at_swaps == rec.predicted_transposes_at_swaps
+    if name == "recompute":
+        assert rec.n_recomputed > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("name", ["swaps", "recompute", "order"])
+def test_mixed_precision_keeps_its_plan_and_the_layout_is_predicted(device, policy, name):
+    step = _residual_step(policy)
+    rec = lms.inspect(step, *ARGS, config=CONFIGS[name], device=device)
+    assert rec.corrections == ()
+    assert rec.n_swapped + rec.n_recomputed == rec.n_planned > 0
+    assert rec.transposed_swap_ops == rec.predicted_transposed_swap_ops
+    assert rec.transposes_at_swaps == rec.predicted_transposes_at_swaps
+    if policy == "mixed_float16" or device != "V100-16GB":  # fp16 from Volta, bf16 from Ampere: NHWC kept
+        assert rec.nchw_ops == 0 and rec.transposes_at_swaps == 0
+    else:  # bf16 on a Volta: converted like fp32
+        assert rec.nchw_ops > 0 and rec.transposes_at_swaps > 0
+
+
+def test_fp16_on_a_pascal_gpu_is_converted_and_predicted():
+    rec = lms.inspect(_residual_step("mixed_float16"), *ARGS, config=CONFIGS["swaps"], device="P100-16GB")
+    assert rec.nchw_ops > 0 and rec.corrections == ()
+    assert rec.transposed_swap_ops == rec.predicted_transposed_swap_ops != frozenset()
+
+
+def test_on_the_cpu_profile_nothing_is_converted(fp32_step):
+    rec = lms.inspect(fp32_step, *ARGS, config=CONFIGS["swaps"], device="cpu")
+    assert rec.device == "cpu"
+    assert rec.nchw_ops == 0 and rec.transposes_at_swaps == 0 and rec.corrections == ()
+    assert rec.n_swapped == rec.n_planned > 0
+
+
+def test_a_harmful_swap_is_still_corrected_on_a_virtual_gpu(monkeypatch):
+    """SimCLR's ``matmul(p1, transpose(p2))`` with the Transpose swapped (the planner's guard turned off): without
+    LMS Grappler folds the Transpose into the MatMul, with it not. The check sees it modulo layout too."""
+    import lms.plan.swap_planner
+
+    monkeypatch.setattr(lms.plan.swap_planner, "hides_rewrite", lambda *a: "")
+    keras.utils.set_random_seed(1)
+    head = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8)])
+
+    @tf.autograph.experimental.do_not_convert
+    def step(a, b):  # noqa: ANN001, ANN202
+        with tf.GradientTape() as tape:
+            p1, p2 = tf.math.l2_normalize(head(a), axis=1), tf.math.l2_normalize(head(b), axis=1)
+            sim = tf.matmul(p1, tf.transpose(p2)) / 0.1
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(tf.range(6), sim, from_logits=True))
+        return tape.gradient(loss, head.trainable_variables)
+
+    spec = tf.TensorSpec((6, 8))
+    rec = lms.inspect(step, spec, spec, config=lms.LMSConfig(incl_types=["Transpose"]), device="V100-16GB")
+    assert rec.n_planned == 1
+    assert [c.kind for c in rec.corrections] == ["swap-in dropped"]
+    assert "FoldTransposeIntoMatMul" in rec.corrections[0].reason
+    assert rec.n_swapped == 0
+
+
+def test_an_unknown_device_is_refused_with_the_known_names(fp32_step):
+    with pytest.raises(ValueError, match="unknown device 'Z80'.*V100-16GB"):
+        lms.inspect(fp32_step, *ARGS, config=CONFIGS["swaps"], device="Z80")
+
+
+def test_virtual_targets_carry_the_profiles_compute_capability():
+    assert virtual_target("V100-16GB").compute_capability == "7.0"
+    assert virtual_target("A100-80GB").compute_capability == "8.0"
+    assert virtual_target("H100-80GB").compute_capability == "9.0"
+    assert virtual_target("P100-16GB").memory_bytes == 16 << 30
+    assert not virtual_target("cpu").gpu
