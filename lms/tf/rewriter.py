@@ -295,10 +295,15 @@ class _Session:
         if exc_type is not None:
             return
         rw = self._rewriter
-        if not self._record.calls:
-            raise ValueError(
+        if not self._record.calls:  # raised through AutoGraph, which would wrap it: the caller re-raises it
+            rw.pending_error = ValueError(
+                f"{rw.owner}: the step computes its gradients only inside a loop or a nested function (a `for` "
+                "over a dataset, tf.while_loop, tf.cond, a tf.function or lms.function it calls); LMS rewrites "
+                "only the gradients of the decorated step's own graph: decorate the per-batch step and loop "
+                "over the data outside it" if self._record.nested_calls else
                 f"{rw.owner}: the step computed no gradients with tf.GradientTape, so there are no "
                 "activations kept for a backward pass to swap; use tf.function for this function")
+            raise rw.pending_error
         rw._rewrite(self._graph, self._record, self._args, self._kwargs,  # noqa: SLF001
                     batch_hint=self._batch_hint, outputs=self._outputs)
 

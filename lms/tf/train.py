@@ -59,12 +59,15 @@ class GradientRecord:
         targets: the differentiated tensors (losses), one entry per target tensor.
         backward_ops: names of the ops the gradient calls created, in order.
         calls: number of ``gradient`` calls recorded.
+        nested_calls: ``gradient`` calls that built a graph nested in `graph` (a loop's body, a ``tf.cond``
+            branch, a ``tf.function`` or `lms.function` called by the step): not recorded, not rewritten.
     """
 
     graph: tf.Graph
     targets: list[tf.Tensor] = field(default_factory=list)
     backward_ops: list[str] = field(default_factory=list)
     calls: int = 0
+    nested_calls: int = 0
     lock: Any = field(default_factory=threading.RLock, repr=False)
     thread: threading.Thread = field(default_factory=threading.current_thread, repr=False)
 
@@ -82,6 +85,9 @@ def _recording_gradient(tape: backprop.GradientTape, target: Any, *args: Any, **
         return _original_gradient(tape, target, *args, **kwargs)
     graph = tf_ops.get_default_graph()
     with _patch_lock:
+        for r in _records:
+            if r.graph is not graph and _encloses(r.graph, graph):
+                r.nested_calls += 1
         mine = [r for r in _records if r.graph is graph]
         # Records of the calling thread first: under ``fit`` with a MirroredStrategy each
         # replica's train step records its own replica; a step that calls ``strategy.run``
@@ -100,6 +106,16 @@ def _recording_gradient(tape: backprop.GradientTape, target: Any, *args: Any, **
             r.backward_ops.extend(new_ops)
             r.calls += 1
     return result
+
+
+def _encloses(outer: tf.Graph, graph: tf.Graph) -> bool:
+    """Whether `graph` is built inside `outer` (its ``outer_graph`` chain reaches it)."""
+    g = getattr(graph, "outer_graph", None)
+    while g is not None:
+        if g is outer:
+            return True
+        g = getattr(g, "outer_graph", None)
+    return False
 
 
 class record_gradients:  # noqa: N801 - used like a function: ``with record_gradients(g) as rec``

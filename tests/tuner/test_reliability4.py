@@ -14,6 +14,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from .conftest import ROOT, TINY_MODEL, run_cli
@@ -333,3 +334,74 @@ def test_02_a_saved_lms_function_loads_as_the_plain_step_in_a_fresh_process(tmp_
         # LMS moves tensors, not values: the loaded plain step takes the same step from the saved weights
         assert again[name]["loss"] == trained[name]["loss"], (name, again[name]["loss"], trained[name]["loss"])
         assert again[name]["w1"] == trained[name]["w1"], name
+
+
+# ================================================================ 4 (low): gradients in a loop or a nested function
+
+MISUSE_SCRIPT = '''
+import json
+import numpy as np
+import tensorflow as tf
+import lms
+
+CONFIG = lms.LMSConfig(n_tensors=-1)
+w = tf.Variable(np.ones((8, 4), "float32"))
+x = tf.constant(np.ones((16, 8), "float32"))
+ds = tf.data.Dataset.from_tensor_slices((x, x[:, :4])).batch(4)
+
+
+def one_batch(xb, yb):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(tf.nn.relu(tf.matmul(xb, w)) - yb))
+    w.assign_sub(0.1 * tape.gradient(loss, w))
+    return loss
+
+
+def epoch(dataset):
+    total = tf.constant(0.0)
+    for xb, yb in dataset:
+        total += one_batch(xb, yb)
+    return total
+
+
+inner = lms.function(one_batch, config=CONFIG, check=False)
+
+
+def outer(xb, yb):
+    return inner(xb, yb) * 2.0
+
+
+def forward_only(xb, yb):
+    return tf.reduce_mean(tf.matmul(xb, w))
+
+
+said = {}
+for name, fn, args in (("loop", epoch, (ds,)), ("nested", outer, (x[:4], x[:4, :4])),
+                       ("none", forward_only, (x[:4], x[:4, :4]))):
+    try:
+        lms.function(fn, config=CONFIG, check=False)(*args)
+        said[name] = "no error"
+    except ValueError as exc:
+        said[name] = str(exc)
+print(json.dumps(said))
+'''
+
+
+@pytest.mark.tf
+def test_04_gradients_in_a_loop_or_a_nested_lms_function_are_named_as_such(tmp_path: Path) -> None:
+    from tests import forked_cli
+
+    (tmp_path / "misuse.py").write_text(MISUSE_SCRIPT)
+    env = dict(_env(), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = forked_cli.run_python([str(tmp_path / "misuse.py")], cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    limitation = ("the step computes its gradients only inside a loop or a nested function (a `for` over a dataset, "
+                  "tf.while_loop, tf.cond, a tf.function or lms.function it calls); LMS rewrites only the gradients "
+                  "of the decorated step's own graph: decorate the per-batch step and loop over the data outside it")
+    assert said["loop"] == f"lms.function(epoch): {limitation}", said["loop"]
+    assert said["nested"] == f"lms.function(outer): {limitation}", said["nested"]
+    # a step with no tape at all keeps its own message
+    assert said["none"].startswith("lms.function(forward_only): the step computed no gradients with "
+                                   "tf.GradientTape"), said["none"]
+
