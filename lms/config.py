@@ -33,13 +33,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import numbers
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .atomic import atomic_write_bytes, atomic_write_text
 from .jsonfile import DuplicateKey, NotJSONNumber, finite_float, no_constant, read_config_text, unique_keys
 from .optypes import RECOMPUTABLE_TYPES, never_recomputed
 
@@ -204,7 +205,7 @@ class LMSConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_tensors", "lb", "ub", "branch_threshold"):
-            _check_int(name, getattr(self, name))
+            object.__setattr__(self, name, _check_int(name, getattr(self, name)))
         for name in ("fuse_swapins", "swap_branches"):
             value = getattr(self, name)
             if not isinstance(value, bool):
@@ -237,9 +238,11 @@ class LMSConfig:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"LMSConfig.schedule={self.schedule!r}: allowed values are "
                              + ", ".join(repr(s) for s in SCHEDULES))
-        if isinstance(self.sync_mode, bool) or self.sync_mode not in SYNC_MODES:
+        if (isinstance(self.sync_mode, bool) or not isinstance(self.sync_mode, numbers.Integral)
+                or self.sync_mode not in SYNC_MODES):
             raise ValueError(f"LMSConfig.sync_mode={self.sync_mode!r}: allowed values are 0 (off), "
                              "1 (swap-outs synchronous), 2 (swap-ins synchronous), 3 (both)")
+        object.__setattr__(self, "sync_mode", int(self.sync_mode))
         size = self.serialization_by_size
         if isinstance(size, bool) or not isinstance(size, (int, float)) or not size >= 0 or size == float("inf"):
             raise ValueError(f"LMSConfig.serialization_by_size={size!r}: must be a finite number of GiB >= 0 "
@@ -455,48 +458,12 @@ def _check_recompute(value: Any) -> str | tuple[str, ...]:
     return tuple(dict.fromkeys(value))
 
 
-def _check_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"LMSConfig.{name}={value!r}: must be an integer")
+def _check_int(name: str, value: Any) -> int:
+    """`value` as a plain int: an int or a numpy integer (not a bool); ValueError naming the type otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"LMSConfig.{name}={value!r}: must be an integer (got {type(value).__name__})")
+    value = int(value)
     if not -MAX_INT < value < MAX_INT:
         shown = str(value) if abs(value) < 10**24 else f"<a {value.bit_length()}-bit integer>"
         raise ValueError(f"LMSConfig.{name}={shown}: must be between {-MAX_INT + 1} and {MAX_INT - 1}")
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write `text` (UTF-8) to `path` atomically; see `atomic_write_bytes`."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write `data` to `path` via a temporary file in the same folder and a rename.
-
-    A reader never sees a half-written file; on failure the old file is untouched
-    and no temporary file is left. The file gets the usual mode (0666 & ~umask).
-    A failed write (a full disk: ``write`` and ``fsync`` name no file) raises an OSError that names `path`.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
-            raise OSError(exc.errno, exc.strerror, str(path)) from exc
-        raise
-    return path
+    return value

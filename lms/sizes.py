@@ -7,6 +7,8 @@ means GiB, as ``nvidia-smi`` and most people mean it.
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from fractions import Fraction
 
@@ -35,8 +37,9 @@ def _shown(text: str) -> str:
     return repr(text if len(text) <= 40 else text[:20] + "...")
 
 
-def parse_size(value: str | int, *, what: str = "size", minimum: int = MIN_SIZE) -> int:
-    """Bytes in `value`: an int, or a string such as ``"16GiB"``, ``"1.5 GB"``, ``"1073741824"``.
+def parse_size(value: str | int | float, *, what: str = "size", minimum: int = MIN_SIZE) -> int:
+    """Bytes in `value`: an int (numpy's too), a float (``16e9``, ``0.9 * 16 * 2**30``: whole bytes, rounded
+    down), or a string such as ``"16GiB"``, ``"1.5 GB"``, ``"1073741824"``.
 
     Args:
         value: the size.
@@ -46,14 +49,23 @@ def parse_size(value: str | int, *, what: str = "size", minimum: int = MIN_SIZE)
 
     Raises:
         SizeError: empty, negative, zero, below `minimum`, above 1 PiB, an unknown
-            unit, or not a number.
+            unit, not a finite number, or another type (named).
     """
     if isinstance(value, bool):
         raise SizeError(f"{what} {value!r} is not a size; give bytes or a string such as '16GiB'")
-    if isinstance(value, int):
-        nbytes, shown = value, repr(value)
+    if isinstance(value, numbers.Integral):  # int, numpy.int64, ...
+        nbytes = int(value)
+        shown = repr(nbytes)
+    elif isinstance(value, numbers.Real):  # float, numpy.float64, ...
+        if not math.isfinite(value):
+            raise SizeError(f"{what} {float(value)!r} is not a finite number of bytes; give a size such as 16GiB")
+        nbytes = math.floor(value)
+        shown = repr(float(value))
+    elif not isinstance(value, str):
+        raise SizeError(f"{what} {value!r} ({type(value).__name__}) is not a size; give bytes (a number) or a "
+                        "string such as '16GiB'")
     else:
-        if not isinstance(value, str) or not value.strip():
+        if not value.strip():
             raise SizeError(f"{what} is empty; give a size such as 16GiB or 512MiB")
         shown = _shown(value)
         if value.strip().startswith("-"):

@@ -405,3 +405,43 @@ def test_04_gradients_in_a_loop_or_a_nested_lms_function_are_named_as_such(tmp_p
     assert said["none"].startswith("lms.function(forward_only): the step computed no gradients with "
                                    "tf.GradientTape"), said["none"]
 
+
+# ================================================================ 5 (low): float and numpy budgets, numpy knob values
+
+@pytest.mark.parametrize("budget, nbytes", [(16e9, 16_000_000_000), (0.9 * 16 * 2**30, 15_461_882_265),
+                                            (np.int64(2**34), 2**34), (np.float32(2**30), 2**30)],
+                         ids=["16e9", "0.9*16GiB", "np.int64", "np.float32"])
+def test_05_a_float_or_numpy_budget_is_bytes_rounded_down(budget, nbytes: int) -> None:
+    from lms.auto import choose_config
+    from tests.synthetic import chain
+
+    choice = choose_config(chain(4, per_sample_bytes=1024), batch=4, budget=budget, device="cpu")
+    assert choice.budget_bytes == nbytes and type(choice.budget_bytes) is int
+
+
+@pytest.mark.parametrize("budget, message", [
+    (float("inf"), "budget inf is not a finite number of bytes"),
+    (float("nan"), "budget nan is not a finite number of bytes"),
+    (b"16GiB", "budget b'16GiB' (bytes) is not a size"),
+    ([16], "budget [16] (list) is not a size"),
+])
+def test_05_a_budget_of_another_type_is_named(budget, message: str) -> None:
+    from lms.sizes import SizeError, parse_size
+
+    with pytest.raises(SizeError) as info:
+        parse_size(budget, what="budget")
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_05_lms_config_takes_numpy_integers_and_names_the_type_it_refuses() -> None:
+    from lms.config import LMSConfig
+
+    config = LMSConfig(lb=np.int64(3), n_tensors=np.int32(5), ub=np.uint16(40), sync_mode=np.int64(1))
+    assert (config.lb, config.n_tensors, config.ub, config.sync_mode) == (3, 5, 40, 1)
+    assert {type(v) for v in (config.lb, config.n_tensors, config.ub, config.sync_mode)} == {int}
+    assert json.loads(config.to_json())["config"]["lb"] == 3
+    assert config == LMSConfig(lb=3, n_tensors=5, ub=40, sync_mode=1)
+    with pytest.raises(ValueError, match=r"^LMSConfig.lb=3.0: must be an integer \(got float\)$"):
+        LMSConfig(lb=3.0)
+    with pytest.raises(ValueError, match=r"^LMSConfig.lb='3': must be an integer \(got str\)$"):
+        LMSConfig(lb="3")
