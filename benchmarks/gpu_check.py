@@ -280,13 +280,13 @@ def check_devices(child: Mapping[str, Any] | None, log: str, *, chosen: Mapping[
                             "" if listed else "lms/machine/nvml.py gpu_inventory: a UUID nvidia-smi does not list"))
     context = child.get("context_bytes")
     if context is not None:
-        from tuner.backends.gpu import CUDA_CONTEXT_BYTES
+        from lms.machine.reachable import CUDA_CONTEXT_BYTES
 
         ok = context <= CUDA_CONTEXT_BYTES
         checks.append(Check("devices: CUDA context", "PASS" if ok else "WARN",
                             f"NVML process bytes less TF's allocated bytes after a conv and a matmul: "
                             f"{context / MiB:.0f} MiB (the default budget assumes {CUDA_CONTEXT_BYTES / MiB:.0f} MiB)",
-                            "" if ok else "raise CUDA_CONTEXT_BYTES in tuner/backends/gpu.py (default budgets are "
+                            "" if ok else "raise CUDA_CONTEXT_BYTES in lms/machine/reachable.py (default budgets are "
                                           "too large by the difference)", {"cuda_context_bytes": context}))
     return checks
 

@@ -4,6 +4,8 @@
   `profile_for_gpu` matching a GPU's name).
 - `nvml`: GPU memory as the driver sees it (`NvmlSampler`), and the GPUs NVML lists (`gpu_inventory`).
 - `hostmem`: this process's host memory (resident set size, its peak over a window).
+- `reachable`: the GPU memory a TensorFlow process can reach (the tuner's default budget and
+  ``config="auto"``'s).
 
 Nothing is imported here: ``nvml`` loads nvidia-ml-py only when asked.
 """

@@ -4,10 +4,11 @@ The choice itself is `lms.auto.choose_config` (no TensorFlow), made at each
 trace for the traced graph and batch. This module resolves what it needs from
 the machine once, when the step is wrapped:
 
-- the budget: given (bytes or ``"14GiB"``), or on a GPU the device's memory as
-  NVML reports it less what other processes use and a reserve for the CUDA
-  context and TF's own (`default_gpu_budget`); without a GPU (the emulated
-  device) there is no memory size to default to, so it is required;
+- the budget: given (bytes or ``"14GiB"``), or on a GPU what TensorFlow's
+  allocator reaches there, as the tuner's gpu backend computes it: a logical
+  device's ``memory_limit``, else NVML's memory less other processes', the CUDA
+  context and TF's ``MinSystemMemory`` (`default_gpu_budget`); without a GPU
+  (the emulated device) there is no memory size to default to, so it is required;
 - the device profile the simulator models: ``"cpu"`` for emulated or CPU swap
   ops, else the profile of the GPU TF uses (`lms.machine.devices.profile_for_gpu`).
 
@@ -30,13 +31,9 @@ from ..auto import DEFAULT_MARGIN, AutoChoice, choose_config
 from ..graph import Graph
 from ..sizes import MIN_SIZE, format_size, parse_size
 
-__all__ = ["AutoSettings", "PeakCheck", "default_gpu_budget", "GPU_RESERVE_BYTES"]
+__all__ = ["AutoSettings", "PeakCheck", "default_gpu_budget"]
 
 log = logging.getLogger(__name__)
-
-#: Kept free on a GPU beside the step: the CUDA context (300-600 MiB) and what TF's allocator leaves to the
-#: system (TF's ``MinSystemMemory``: 225 MiB-1.8 GiB by device memory and compute capability).
-GPU_RESERVE_BYTES = 1 << 30
 
 _NO_BUDGET = ("config='auto' needs budget= on a machine without a GPU: the emulated device has no memory size of "
               "its own (e.g. lms.function(step, config='auto', budget='2GiB'))")
@@ -45,19 +42,25 @@ _NO_BUDGET = ("config='auto' needs budget= on a machine without a GPU: the emula
 def default_gpu_budget() -> tuple[int, str]:
     """Bytes the step may use on the GPU TF uses as ``GPU:0``, and where the figure comes from.
 
-    NVML's total memory of the visible device (a MIG instance's own), less the
-    memory other processes hold on it and `GPU_RESERVE_BYTES`.
+    What TensorFlow's allocator reaches there (`lms.machine.reachable.tf_reachable_bytes`, the tuner's
+    model too): the ``memory_limit`` of the logical device when the program set one, else NVML's total
+    memory of the visible device (a MIG instance's own) less what other processes hold on it, the CUDA
+    context and TF's ``MinSystemMemory`` for the device's compute capability.
 
     Raises:
         ValueError: NVML is not available or does not find the device (give ``budget=``).
     """
     from ..machine.nvml import NvmlError, resolve_visible_device
+    from ..machine.reachable import tf_reachable_bytes
 
+    limit = _memory_limit()
     try:
         import pynvml  # nvidia-ml-py
 
         pynvml.nvmlInit()
     except Exception as exc:  # noqa: BLE001 -- no driver, no nvidia-ml-py: the user gives a budget
+        if limit is not None:
+            return tf_reachable_bytes({"name": "GPU:0"}, memory_limit=limit)
         raise ValueError(f"config='auto' could not read the GPU's memory through NVML ({exc}); give budget=") from None
     try:
         try:
@@ -74,17 +77,35 @@ def default_gpu_budget() -> tuple[int, str]:
             log.debug("NVML could not list the GPU's processes: %s", exc)
         name = pynvml.nvmlDeviceGetName(handle)
         name = name.decode() if isinstance(name, bytes) else str(name)
+        try:
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            capability = f"{int(major)}.{int(minor)}"
+        except Exception:  # noqa: BLE001 -- a MIG handle or an old driver: the largest reserve
+            capability = None
     finally:
         try:
             pynvml.nvmlShutdown()
         except Exception:  # noqa: BLE001
             pass
-    budget = total - others - GPU_RESERVE_BYTES
+    info = {"name": name, "total_bytes": total, "free_bytes": total - others, "compute_capability": capability}
+    budget, source = tf_reachable_bytes(info, memory_limit=limit)
     if budget <= 0:
         raise ValueError(f"config='auto': GPU {name} has {format_size(total)}, of which other processes hold "
                          f"{format_size(others)}: nothing left for the step")
-    return budget, (f"{name}: {format_size(total)} (NVML) less {format_size(others)} held by other processes and "
-                    f"{format_size(GPU_RESERVE_BYTES)} kept for the CUDA context and TF")
+    if limit is None and others:
+        source += f"; free = total less {format_size(others)} held by other processes"
+    return budget, source
+
+
+def _memory_limit() -> int | None:
+    """The ``memory_limit`` (bytes) of GPU:0's logical device configuration, when the program set one."""
+    try:
+        gpus = tf.config.list_physical_devices("GPU")
+        configs = tf.config.get_logical_device_configuration(gpus[0]) if gpus else None
+    except (RuntimeError, ValueError):  # pragma: no cover - depends on the runtime's state
+        return None
+    limit = getattr(configs[0], "memory_limit", None) if configs else None
+    return int(limit) << 20 if limit else None  # TF takes it in MiB
 
 
 @dataclass(frozen=True)

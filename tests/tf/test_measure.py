@@ -530,3 +530,38 @@ def test_host_rss_window_peak() -> None:
     del block
     assert peak >= current + 60 * MIB
     assert hostmem.peak_rss_bytes() >= peak - 4 * MIB  # ru_maxrss follows the high-water mark
+
+
+# --- config="auto"'s default GPU budget: the tuner's model of what TF reaches ---------------
+
+class _FakeAmpere(_FakeNvml):
+    """An 80 GiB compute capability 8.0 GPU on which another process holds 10 MiB."""
+
+    def nvmlDeviceGetMemoryInfo(self, h: str) -> types.SimpleNamespace:  # noqa: N802
+        return types.SimpleNamespace(total=80 * 2**30, used=0, free=80 * 2**30)
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: str) -> tuple[int, int]:  # noqa: N802
+        return 8, 0
+
+
+def test_auto_default_gpu_budget_is_what_tf_reaches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML's total less other processes, the CUDA context and MinSystemMemory at cc 8.x (1,536 MiB), as
+    the tuner computes it; a logical device's memory_limit instead when the program set one."""
+    from lms.machine.reachable import CUDA_CONTEXT_BYTES, tf_reachable_bytes
+    from lms.tf.auto import default_gpu_budget
+
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeAmpere())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    budget, source = default_gpu_budget()
+    assert budget == 80 * 2**30 - 10 * MIB - CUDA_CONTEXT_BYTES - 1536 * MIB
+    info = {"name": "Fake GPU", "total_bytes": 80 * 2**30, "free_bytes": 80 * 2**30 - 10 * MIB,
+            "compute_capability": "8.0"}
+    assert budget == tf_reachable_bytes(info)[0]
+    assert "MinSystemMemory" in source and "held by other processes" in source
+
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"])
+    monkeypatch.setattr(tf.config, "get_logical_device_configuration",
+                        lambda dev: [tf.config.LogicalDeviceConfiguration(memory_limit=3000)])
+    budget, source = default_gpu_budget()
+    assert budget == 3000 * MIB
+    assert "memory_limit" in source

@@ -8,7 +8,8 @@ The budget is enforced, not only compared: the worker makes the GPU one logical
 device whose ``memory_limit`` is the budget (memory growth off: TF's GPU
 allocator may not take more, and cuDNN's autotuner picks algorithms for what
 that allocator can give). Without ``--budget`` the budget is what TensorFlow
-can reach on the chosen GPU in a plain training run (`tf_reachable_bytes`), not
+can reach on the chosen GPU in a plain training run
+(`lms.machine.reachable.tf_reachable_bytes`, the model ``config="auto"`` uses too), not
 NVML's total. NVML's figures are recorded beside TF's; with the pool fixed they
 show the budget plus the CUDA context, whatever the step needs.
 """
@@ -19,7 +20,8 @@ import logging
 import os
 from typing import Any, Callable, Mapping
 
-from ..budget import format_bytes
+from lms.machine.reachable import CUDA_CONTEXT_BYTES, min_system_memory, tf_reachable_bytes
+
 from ..errors import BadInput
 from .base import GpuChoice
 from .measured import MeasuredBackend
@@ -28,55 +30,6 @@ __all__ = ["GpuBackend", "profile_of_gpu", "default_profile", "min_system_memory
            "logical_device_configs", "CUDA_CONTEXT_BYTES"]
 
 log = logging.getLogger(__name__)
-
-_MiB = 1 << 20
-#: The CUDA context (and what cuDNN/cuBLAS load with it) of a TensorFlow process: an estimate, not a
-#: measurement; `benchmarks/gpu_check.py` measures it on your GPU and says when this is too small.
-CUDA_CONTEXT_BYTES = 512 * _MiB
-
-
-def min_system_memory(available_bytes: int, cc_major: int | None) -> int:
-    """What TensorFlow leaves free on a GPU (``MinSystemMemory`` in TF 2.21's ``gpu_device.cc``).
-
-    225 MiB when less than 2 GiB is available; else by compute capability:
-    500 MiB (<= 6.x), 1050 MiB (7.x), 1536 MiB (8.x), 1800 MiB (9.x and newer). An unknown
-    capability gets the largest (1800 MiB).
-    """
-    if available_bytes < (1 << 31):
-        return 225 * _MiB
-    if cc_major is None:
-        return 1800 * _MiB
-    if cc_major <= 6:
-        return 500 * _MiB
-    if cc_major <= 7:
-        return 1050 * _MiB
-    if cc_major <= 8:
-        return 1536 * _MiB
-    return 1800 * _MiB
-
-
-def tf_reachable_bytes(gpu_info: Mapping[str, Any], *, context_bytes: int = CUDA_CONTEXT_BYTES) -> tuple[int, str]:
-    """(bytes TensorFlow's GPU allocator gets on this GPU by default, how that was worked out).
-
-    TF sizes its allocator from the memory free in its own process, after the
-    CUDA context is made, less `min_system_memory` (``SingleVirtualDeviceMemoryLimit``):
-    so NVML's free memory (total when NVML gave no free figure) less
-    `context_bytes` less that reserve.
-    """
-    free = gpu_info.get("free_bytes")
-    free_label = "free"
-    if free is None:
-        free, free_label = gpu_info["total_bytes"], "total"
-    cc = gpu_info.get("compute_capability")
-    cc_major = int(str(cc).split(".")[0]) if cc else None
-    available = max(0, int(free) - context_bytes)
-    reserve = min_system_memory(available, cc_major)
-    reachable = max(0, available - reserve)
-    why = (f"what TensorFlow can reach on GPU {gpu_info['name']}: {format_bytes(free)} {free_label} (NVML) - "
-           f"{format_bytes(context_bytes)} CUDA context (estimate) - {format_bytes(reserve)} TF MinSystemMemory "
-           f"(compute capability {cc or 'unknown'})")
-    return reachable, why
-
 
 def profile_of_gpu(gpu_info: Mapping[str, Any] | None) -> str | None:
     """The simulator's device profile of a GPU NVML found (`lms.machine.devices.profile_for_gpu`), or None."""
@@ -227,7 +180,7 @@ def logical_device_configs(devices: list[Any], *, memory_limit_bytes: int | None
     """
     if memory_limit_bytes is None:
         return []
-    limit_mib = int(memory_limit_bytes) // _MiB
+    limit_mib = int(memory_limit_bytes) >> 20
     if limit_mib < 1:
         raise ValueError(f"memory_limit_bytes={memory_limit_bytes!r}: must be at least 1 MiB")
     return [(device, [make(memory_limit=limit_mib)]) for device in devices]
