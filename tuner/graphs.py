@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .errors import BadInput, SearchError
-from .protocol import DescribeRequest, TraceRequest
+from .protocol import DescribeRequest, MeasureRequest, TraceRequest
 from .settings import SearchSettings
 from .worker import run_worker, worker_env
 
-__all__ = ["load_graph", "load_profile", "derive_emulated_budget", "describe_user_workload"]
+__all__ = ["load_graph", "load_profile", "derive_budget", "derive_emulated_budget", "plain_peak_at",
+           "describe_user_workload"]
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,70 @@ def derive_emulated_budget(graph: Any, *, reference_batch: int = 32, ceiling: in
         except (ValueError, OSError, AttributeError):
             ceiling = 4 << 30
     return int(min(budget, max(quantum, ceiling)))
+
+
+#: The emulated default budget's reference batch (`derive_emulated_budget`).
+EMULATED_REFERENCE_BATCH = 32
+
+
+def derive_budget(settings: SearchSettings, graph: Any, *, label: str = "",
+                  should_stop: Callable[[], bool] | None = None) -> tuple[int, str]:
+    """(budget bytes, where it comes from) for a search given no ``--budget``, once per study.
+
+    ``--budget-from-batch N`` (`SearchSettings.budget_from_batch`): the no-LMS step's peak at batch N,
+    `plain_peak_at`. Otherwise the emulated backend's default, `derive_emulated_budget` at batch
+    `EMULATED_REFERENCE_BATCH` (other backends have a default budget before tracing). `label` names
+    what the budget was derived for (``--grow``'s starting value).
+    """
+    batch = settings.budget_from_batch
+    at = f" at {label}" if label else ""
+    if batch is None:
+        return derive_emulated_budget(graph, reference_batch=EMULATED_REFERENCE_BATCH), (
+            f"default for the emulated backend{at}: the simulator's no-LMS peak at batch {EMULATED_REFERENCE_BATCH} "
+            "(BFC allocator replayed), rounded up to 64 MiB, so the no-LMS baseline fits about that batch")
+    peak, how = plain_peak_at(settings, graph, batch, should_stop=should_stop)
+    return peak, f"--budget-from-batch {batch}: the no-LMS step's peak at batch {batch}{at}, {how}"
+
+
+def plain_peak_at(settings: SearchSettings, graph: Any, batch: int, *,
+                  should_stop: Callable[[], bool] | None = None) -> tuple[int, str]:
+    """(the no-LMS step's peak bytes at `batch`, how it was found, in words).
+
+    A measured backend measures it: one fresh worker runs the plain step (``n_tensors=0``) at `batch`, as
+    a trial's fresh process does, with no budget (a GPU's pool grows on demand); its allocator peak over
+    the timed steps. The simulate backend predicts it on the device profile, as it predicts its trials.
+
+    Raises:
+        BadInput: the plain step does not run at `batch` (out of memory; the worker's reason).
+        SearchError: the worker failed otherwise.
+    """
+    from lms.config import LMSConfig
+
+    backend = settings.backend
+    if not backend.measured:
+        from lms.simulator import simulate
+
+        peak = simulate(graph, None, batch=batch, device=settings.device, allocator=backend.prediction_allocator,
+                        timeline=False).peak_device_bytes
+        return int(peak), f"predicted by the simulator (device profile {settings.device})"
+    request = MeasureRequest(workload=settings.model, options=dict(settings.model_options),
+                             config=LMSConfig(n_tensors=0).to_dict(), backend=backend.name, usable_bytes=1 << 60,
+                             start_batch=batch, cap=batch, fixed_batch=True, warmup=settings.warmup,
+                             steps=settings.steps, seed=settings.seed or 0)
+    workdir = settings.study_dir / "budget"
+    log.info("measuring the no-LMS step at batch %d for the budget (--budget-from-batch; a fresh process) ...", batch)
+    gpu = settings.gpus[0] if settings.gpus else settings.gpu
+    outcome = run_worker(request, workdir=workdir, timeout_s=settings.trial_timeout_s, env=backend.worker_env(gpu=gpu),
+                         should_stop=should_stop)
+    res = outcome.result
+    if outcome.status in ("oom", "infeasible", "bad_input"):
+        raise BadInput(f"--budget-from-batch {batch}: the no-LMS step does not run at batch {batch}: "
+                       f"{outcome.reason} (log: {outcome.log_path})")
+    if outcome.status != "ok" or res is None or not res.peak_device_bytes:
+        raise SearchError(f"--budget-from-batch {batch}: measuring the no-LMS step failed ({outcome.status}): "
+                          f"{outcome.reason} (log: {outcome.log_path})")
+    return int(res.peak_device_bytes), (f"measured in a fresh process "
+                                        f"({backend.source_label(measured=True, device_name=res.device or '')})")
 
 
 def describe_user_workload(spec: str, options: Mapping[str, Any], *, timeout_s: float = 120.0) -> dict[str, Any]:

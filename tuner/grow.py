@@ -175,6 +175,7 @@ def _value_settings(settings: SearchSettings, value: int, *, budget: int | None,
     return dataclasses.replace(
         settings, study=study, studies_dir=studies_dir, storage=storage,
         model_options={**settings.model_options, option: value}, budget_bytes=budget, budget_source=budget_source,
+        budget_from_batch=settings.budget_from_batch if budget is None else None,  # derived once, then given
         grow=None, workload=workload, trials=1 if baseline_only else settings.trials,
         notes=tuple(n for n in settings.notes if option not in n),  # e.g. the emulated default image_size
         screen_trials=0 if baseline_only else settings.screen_trials)
@@ -201,7 +202,7 @@ def run_grow(settings: SearchSettings, *, progress: Any = None) -> GrowOutcome:
     value fits, ``studies/<study>/recommended.json``: the best config at the
     largest value, with ``model_options`` and ``tuned_for`` naming that value.
     """
-    from .graphs import derive_emulated_budget, load_graph
+    from .graphs import derive_budget, load_graph
     from .search import run_search
 
     if settings.grow is None or settings.batch is None:
@@ -214,12 +215,11 @@ def run_grow(settings: SearchSettings, *, progress: Any = None) -> GrowOutcome:
     start = max(step, start // step * step)
     settings.study_dir.mkdir(parents=True, exist_ok=True)
     budget, budget_source = settings.budget_bytes, settings.budget_source
-    if budget is None:  # the emulated default: derived once, at the starting value, for every value
+    if budget is None:  # the emulated default or --budget-from-batch: derived once, at the starting value
         first = _value_settings(settings, start, budget=None, budget_source="", workload=_describe(settings, start),
                                 baseline_only=True)
-        budget = derive_emulated_budget(load_graph(first))
-        budget_source = (f"default for the emulated backend at {option}={start}: the simulator's no-LMS peak at "
-                         "batch 32 (BFC allocator replayed), rounded up to 64 MiB; the same for every value")
+        budget, budget_source = derive_budget(first, load_graph(first), label=f"{option}={start}")
+        budget_source += "; the same for every value"
     verdicts: dict[int, ValueVerdict] = {}
 
     def verdict(value: int) -> ValueVerdict:

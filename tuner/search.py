@@ -40,7 +40,7 @@ from .confirm import fresh_process_trials
 from .batch import Prediction, predict_max_batch, usable_bytes
 from .budget import format_bytes
 from .environment import host_memory_bytes, tensorflow_distribution
-from .graphs import derive_emulated_budget, load_graph, load_profile
+from .graphs import derive_budget, load_graph, load_profile
 from .progress import Progress
 from .records import counted
 from .recovery import recover_stale_trials
@@ -152,11 +152,8 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
         if budget is None:
             if stored.get("budget_bytes"):
                 budget, budget_source = int(stored["budget_bytes"]), str(stored.get("budget_source", "stored"))
-            else:
-                budget = derive_emulated_budget(graph)
-                budget_source = ("default for the emulated backend: the simulator's no-LMS peak at batch 32 "
-                                 "(BFC allocator replayed), rounded up to 64 MiB, so the no-LMS baseline fits "
-                                 "about that batch")
+            else:  # the emulated default, or --budget-from-batch
+                budget, budget_source = derive_budget(settings, graph)
         usable = usable_bytes(budget, settings.safety_margin)
         candidates, _ = find_candidates(graph, LMSConfig())
         if not candidates:
@@ -257,6 +254,7 @@ def _cut_short(run: SearchRun, *, finished: bool, stopped: bool) -> str:
 def _settings_record(settings: SearchSettings) -> dict[str, Any]:
     """The study's settings record (`tuner.study.TUNER_ATTR`) as far as it is known before tracing."""
     return {**settings.identity(), "budget_bytes": settings.budget_bytes, "budget_source": settings.budget_source,
+            "budget_from_batch": settings.budget_from_batch,
             "workload": dict(settings.workload), "storage": settings.storage.display, "schema_version": 1,
             "selection": settings.selection(), "host_budget_bytes": settings.host_budget_bytes,
             "host_budget_source": settings.host_budget_source}

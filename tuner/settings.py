@@ -23,8 +23,10 @@ class SearchSettings:
         model: workload spec (built-in name or ``module:function``).
         model_options: options for the workload factory.
         backend: the `tuner.backends.Backend` (its name is accepted and looked up once).
-        budget_bytes: device memory budget; ``None``: derive (emulated, see `tuner.graphs.derive_emulated_budget`).
+        budget_bytes: device memory budget; ``None``: derive (`tuner.graphs.derive_budget`).
         budget_source: how the budget was chosen, for people.
+        budget_from_batch: derive the budget as the no-LMS step's peak at this batch (``--budget-from-batch``,
+            `tuner.graphs.plain_peak_at`); needs `budget_bytes` None. None: the backend's default.
         device: simulator device profile name.
         trials: trials the main study should have (real runs on gpu/emulated).
         screen_trials: simulated screening trials before real runs (gpu/emulated).
@@ -86,9 +88,13 @@ class SearchSettings:
     notes: tuple[str, ...] = ()
     host_budget_bytes: int | None = None
     host_budget_source: str = ""
+    budget_from_batch: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backend", get_backend(self.backend))
+        if self.budget_from_batch is not None and (self.budget_bytes is not None or self.budget_from_batch < 1):
+            raise ValueError(f"SearchSettings.budget_from_batch={self.budget_from_batch!r}: must be a batch >= 1, "
+                             f"with budget_bytes None (not {self.budget_bytes!r})")
 
     @property
     def study_dir(self) -> Path:
@@ -126,6 +132,11 @@ def study_settings_conflict(stored: Mapping[str, Any] | None, settings: SearchSe
     if settings.budget_bytes is not None and stored.get("budget_bytes") not in (None, settings.budget_bytes):
         return (f"study {settings.study!r} was created with budget {format_bytes(stored['budget_bytes'])}, "
                 f"not {format_bytes(settings.budget_bytes)}; use another --study name")
+    batch = settings.budget_from_batch
+    if batch is not None and stored.get("budget_bytes") is not None and stored.get("budget_from_batch") != batch:
+        return (f"study {settings.study!r} was created with budget {format_bytes(stored['budget_bytes'])} "
+                f"({stored.get('budget_source') or 'stored'}), not the no-LMS peak at batch {batch} "
+                "(--budget-from-batch); use another --study name")
     from .host import host_budget_conflict
 
     return host_budget_conflict(stored, settings)

@@ -232,9 +232,14 @@ def _add_search(sub: Any) -> None:
                         "'package.module:function' / 'path/file.py:function' returning a tuner.models.Workload")
     p.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE", type=str,
                    help="option for the workload factory, e.g. image_size=128 (repeatable)")
-    p.add_argument("--budget", type=_budget, default=None, metavar="SIZE",
-                   help="device memory budget, e.g. 16GiB or 512MiB (default: the GPU's memory; simulate: the "
-                        "device profile's; emulated: see above)")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--budget", type=_budget, default=None, metavar="SIZE",
+                        help="device memory budget, e.g. 16GiB or 512MiB (default: the GPU's memory; simulate: the "
+                             "device profile's; emulated: see above)")
+    budget.add_argument("--budget-from-batch", type=_batch, default=None, metavar="N",
+                        help="the budget is the no-LMS step's peak at batch N: measured in one fresh process "
+                             "(gpu, emulated) or the simulator's (simulate), so the no-LMS baseline fits about N "
+                             "(just under it after --safety-margin); not with --budget")
     p.add_argument("--host-budget", type=_host_budget, default=None, metavar="SIZE",
                    help="host memory the swapped tensors may hold, e.g. 8GiB, or none (default: 75%% of this "
                         "machine's RAM; on a GPU also at most TF's pinned host limit, 128 GiB)")

@@ -94,7 +94,9 @@ def build_search_settings(args: argparse.Namespace) -> Any:
         raise BadInput(str(exc)) from None
     budget = args.budget
     budget_source = "--budget"
-    if budget is None:
+    if args.budget_from_batch is not None:  # measured (or simulated) after tracing: `tuner.graphs.derive_budget`
+        budget_source = f"--budget-from-batch {args.budget_from_batch}"
+    elif budget is None:
         budget, budget_source = backend.default_budget(device=device, gpu_info=chosen.info)
     from ..host import default_host_budget, targets_gpu
 
@@ -116,7 +118,7 @@ def build_search_settings(args: argparse.Namespace) -> Any:
         safety_margin=args.safety_margin, max_batch=args.max_batch, sampler=args.sampler, prefer=args.prefer,
         min_throughput_ratio=args.min_throughput_ratio, gpu=args.gpu, gpus=chosen.gpus, workers=chosen.workers,
         batch=args.batch, grow=args.grow, confirm=args.confirm, workload=desc, notes=tuple(notes),
-        host_budget_bytes=host_budget, host_budget_source=host_source)
+        host_budget_bytes=host_budget, host_budget_source=host_source, budget_from_batch=args.budget_from_batch)
     problem = _claim_problem(settings)
     if problem:
         raise BadInput(problem)
