@@ -2,6 +2,7 @@
 
 Run as a user runs it (the CLI in a subprocess), on the simulate backend with the tiny model's graph cached,
 so no trial imports TensorFlow; the budget asserted is the simulator's no-LMS peak at N, computed here.
+On the emulated backend one fresh worker measures it (a test marked tf, about 10 s).
 """
 
 from __future__ import annotations
@@ -66,3 +67,31 @@ def test_the_budget_is_the_no_lms_peak_at_that_batch(tmp_path: Path, seed_graph,
                      "--study", "from8", "--trials", "3", "--no-report"], cwd=tmp_path)
     assert again.returncode == 2
     assert "not the no-LMS peak at batch 16 (--budget-from-batch); use another --study name" in _one_line_error(again)
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+def test_a_measured_backend_measures_the_no_lms_peak_in_a_fresh_process(tmp_path: Path, tiny_graph_doc: dict) -> None:
+    from tuner.graphs import derive_budget
+    from tuner.settings import SearchSettings
+    from tuner.storage import resolve_storage
+
+    settings = SearchSettings(study="m", model=TINY_MODEL, model_options={}, backend="emulated", budget_bytes=None,
+                              budget_source="--budget-from-batch 4", device="cpu", trials=1, screen_trials=0,
+                              storage=resolve_storage(None, "m", studies_dir=tmp_path), studies_dir=tmp_path,
+                              steps=2, warmup=1, budget_from_batch=4)
+    budget, source = derive_budget(settings, Graph.from_dict(tiny_graph_doc["graph"]))
+    result = json.loads((tmp_path / "m" / "budget" / "result.json").read_text())
+    request = json.loads((tmp_path / "m" / "budget" / "request.json").read_text())["request"]
+    assert (request["config"]["n_tensors"], request["start_batch"], request["fixed_batch"]) == (0, 4, True)
+    assert result["status"] == "ok" and result["batch_size"] == 4
+    assert budget == result["peak_device_bytes"]
+    assert source.startswith("--budget-from-batch 4: the no-LMS step's peak at batch 4, measured in a fresh process "
+                             "(measured on the emulated device")
+    # the simulator's prediction of the same peak (TF's BFC allocator replayed) is close, and far from other batches
+    graph = Graph.from_dict(tiny_graph_doc["graph"])
+    predicted = {b: simulate(graph, None, batch=b, device="cpu", allocator="bfc", timeline=False).peak_device_bytes
+                 for b in (2, 4, 8)}
+    # (seen: measured 693,504 and 718,848 bytes in two processes; predicted 401,664 / 689,920 / 1,273,600)
+    assert abs(budget - predicted[4]) < 0.2 * predicted[4]
+    assert abs(budget - predicted[2]) > 0.2 * predicted[4] and abs(budget - predicted[8]) > 0.2 * predicted[4]
