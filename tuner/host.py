@@ -8,7 +8,10 @@ by default in TF 2.21 (``1 << 17`` MB, read in ``GPUProcessState::GetGpuHostAllo
 
 - Default budget (`default_host_budget`): `HOST_FRACTION` (75%) of this machine's
   physical RAM, the rest left to the OS, the input pipeline and the process; on a
-  GPU (the gpu backend, or a GPU device profile) also at most TF's pinned default.
+  GPU (the gpu backend) also at most TF's pinned default. A prediction for a GPU
+  machine (the simulate backend on a GPU profile) is for the target, not this
+  machine: its default is TF's pinned default alone (a laptop predicting for a
+  server gets the server's answer).
 - ``--host-budget SIZE`` (`parse_host_budget`): parsed like ``--budget``;
   ``none`` turns the bound off.
 - A config whose host peak (PREDICTED by the simulator) exceeds the budget does
@@ -65,13 +68,21 @@ def targets_gpu(backend: Any, device: str) -> bool:
         return False
 
 
-def default_host_budget(*, gpu: bool, ram_bytes: int | None = None) -> tuple[int | None, str]:
+def default_host_budget(*, gpu: bool, ram_bytes: int | None = None, elsewhere: bool = False) -> tuple[int | None, str]:
     """(host budget, where it comes from) when ``--host-budget`` is not given.
 
     `HOST_FRACTION` of the physical RAM; with `gpu`, at most TF's pinned default
     (`PINNED_DEFAULT_BYTES`, or ``TF_GPU_HOST_MEM_LIMIT_IN_MB`` when this environment sets it).
     (None, why) when the OS does not say how much RAM it has.
+
+    With `elsewhere` (a prediction for a GPU machine that is not this one: the simulate backend on a
+    GPU profile) this machine's RAM says nothing about the target's, so the budget is the target
+    process's own cap: TF's pinned host allocator limit.
     """
+    if elsewhere:
+        pinned, what = _pinned_limit()
+        return pinned, (f"{what} on the GPU machine predicted for (this machine's RAM is not the target's; "
+                        "--host-budget SIZE gives the target's own)")
     ram = host_memory_bytes() if ram_bytes is None else ram_bytes
     if not ram:
         return None, "no host bound: the OS did not say how much RAM this machine has"

@@ -57,6 +57,18 @@ def test_default_host_budget_is_three_quarters_of_ram_and_the_pinned_limit_on_a_
                  "machine's RAM (64.00 GiB)")
 
 
+def test_a_prediction_for_a_gpu_machine_takes_the_targets_pinned_limit_not_this_machines_ram(monkeypatch) -> None:
+    """A 24 GiB laptop predicting for a GPU server gets the server's cap (TF's pinned host default), whatever
+    its own RAM; the source says so."""
+    monkeypatch.delenv("TF_GPU_HOST_MEM_LIMIT_IN_MB", raising=False)
+    for ram in (24 * GiB, 1024 * GiB):
+        budget, source = default_host_budget(gpu=True, ram_bytes=ram, elsewhere=True)
+        assert budget == PINNED_DEFAULT_BYTES == 128 * GiB
+        assert "on the GPU machine predicted for" in source and "--host-budget" in source
+    monkeypatch.setenv("TF_GPU_HOST_MEM_LIMIT_IN_MB", "65536")
+    assert default_host_budget(gpu=True, ram_bytes=24 * GiB, elsewhere=True)[0] == 64 * GiB
+
+
 def test_a_recommendation_above_the_pinned_default_names_the_limit_it_needs() -> None:
     from types import SimpleNamespace
 

@@ -102,7 +102,8 @@ def build_search_settings(args: argparse.Namespace) -> Any:
 
     host_budget, host_source = args.host_budget, "--host-budget"
     if host_budget is None:
-        host_budget, host_source = default_host_budget(gpu=targets_gpu(backend, device))
+        gpu = targets_gpu(backend, device)
+        host_budget, host_source = default_host_budget(gpu=gpu, elsewhere=gpu and backend.name == "simulate")
     elif host_budget == HOST_NONE:
         host_budget, host_source = None, "--host-budget none: no host bound"
     timeout = args.timeout
