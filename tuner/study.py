@@ -19,7 +19,7 @@ from .errors import BadInput
 
 __all__ = ["OBJECTIVES", "DIRECTIONS", "SCREEN_SUFFIX", "TUNER_ATTR", "make_sampler", "create_study",
            "queue_warm_start", "tuner_record", "claim_problem", "claim_study", "claim_screen_study", "setup_finished",
-           "foreign_study"]
+           "foreign_study", "screens_for"]
 
 OBJECTIVES = ("batch_size", "throughput")
 DIRECTIONS = ("maximize", "maximize")
@@ -115,6 +115,13 @@ def foreign_study(study: Any, *, display: str) -> str:
     n = len(study.get_trials(deepcopy=False))
     return (f"study {study.study_name!r} in {display} was not made by lms-tuner ({n} trial{'s' * (n != 1)}, "
             "no tuner settings)")
+
+
+def screens_for(study: Any, main: str) -> bool:
+    """Whether `study` is the simulated screening study a measured search of study `main` made."""
+    record = tuner_record(study.user_attrs)
+    return (record is not None and _role(study, record) == "screen"
+            and (study.user_attrs.get("screen_of") or record.get("screen_of")) == main)
 
 
 def _ownership(study: Any, *, role: str, main: str, display: str) -> str:

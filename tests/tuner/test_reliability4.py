@@ -445,3 +445,29 @@ def test_05_lms_config_takes_numpy_integers_and_names_the_type_it_refuses() -> N
         LMSConfig(lb=3.0)
     with pytest.raises(ValueError, match=r"^LMSConfig.lb='3': must be an integer \(got str\)$"):
         LMSConfig(lb="3")
+
+
+def test_08_report_reads_a_screening_study_only_when_the_search_made_it_one(tmp_path: Path, seed_graph) -> None:
+    """Neighbour of 8: `<study>.simulated` beside a study is read as its screening only when a measured search of
+    that study made it (a foreign one made report fail like 8); a real one still shows."""
+    import optuna
+
+    seed_graph(tmp_path / "studies", "m")
+    measured = run_cli(["search", "--model", TINY_MODEL, "--backend", "emulated", "--budget", "1GiB", "--study", "m",
+                        "--trials", "1", "--screen-trials", "2", "--confirm", "0", "--no-report", "-q"],
+                       cwd=tmp_path, env={"LMS_TUNER_FAULT": "ok@*"}, timeout=300)
+    assert measured.returncode == 0, measured.stderr[-3000:]
+    proc = run_cli(["report", "--study", "m"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "of the simulated screening study m.simulated" in (tmp_path / "reports" / "m" / "index.html").read_text()
+    # an empty study the tuner may adopt, beside a plain Optuna study named as its screening
+    _adoptable_study(tmp_path, "e")
+    storage = f"sqlite:///{tmp_path / 'studies' / 'e' / 'study.db'}"
+    other = optuna.create_study(study_name="e.simulated", storage=storage, directions=["maximize", "maximize"])
+    other.optimize(lambda t: (t.set_user_attr("config", {"n_tensors": "x"}), t.suggest_float("a", 0, 1), 1.0)[1:],
+                   n_trials=2)
+    proc = run_cli(["report", "--study", "e"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert ("study 'e.simulated' is not the screening study of study 'e' (lms-tuner did not make it so); the report "
+            "leaves it out") in proc.stderr
+    assert "e.simulated" not in (tmp_path / "reports" / "e" / "index.html").read_text()

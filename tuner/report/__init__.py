@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from lms.config import atomic_write_bytes, atomic_write_text
 
-from ..study import SCREEN_SUFFIX  # the simulated screening before measured runs
+from ..study import SCREEN_SUFFIX, screens_for  # the simulated screening before measured runs
 from .data import Recommendation, ReportData, report_data
 
 __all__ = ["build_report", "report_folder_name", "ReportData", "Recommendation"]
@@ -157,7 +157,12 @@ def _screening_study(study: Any, storage: Any) -> Any | None:
     name = study.study_name + SCREEN_SUFFIX
     if study.user_attrs.get("role") == "screen" or name not in optuna.study.get_all_study_names(storage=storage):
         return None
-    return optuna.load_study(study_name=name, storage=storage)
+    screen = optuna.load_study(study_name=name, storage=storage)
+    if not screens_for(screen, study.study_name):  # another study of that name: its trials are not read
+        log.warning("study %r is not the screening study of study %r (lms-tuner did not make it so); the report "
+                    "leaves it out", name, study.study_name)
+        return None
+    return screen
 
 
 def _load_recommendation(path: Path) -> Recommendation | None:
