@@ -241,8 +241,9 @@ def test_a_failed_atomic_write_names_its_file(tmp_path: Path) -> None:
 
 # ================================================================ 2 (medium): tf.saved_model.save keeps an lms.function
 
-#: Two tf.Modules whose `train` is an lms.function (an attribute; a decorated method), trained one step each with LMS
-#: (emulated swap ops: tf.numpy_function), saved, then trained one more step: the figures a loaded `train` must match.
+#: Three tf.Modules whose `train` is an lms.function (an attribute; a decorated method; one without an
+#: input_signature), trained one step each with LMS (emulated swap ops: tf.numpy_function), saved, then trained
+#: one more step: the figures a loaded `train` must match.
 SAVE_SCRIPT = '''
 import json, sys
 import numpy as np
@@ -281,11 +282,17 @@ class ByMethod(Net):
         return self.step(x, y)
 
 
+class Untyped(Net):  # no input_signature: exported for the signature it was traced with
+    def __init__(self):
+        super().__init__()
+        self.train = lms.function(self.step, config=CONFIG, check=False)
+
+
 rng = np.random.default_rng(1)
 x = tf.constant(rng.normal(size=(16, 32)).astype("float32"))
 y = tf.constant(rng.normal(size=(16, 1)).astype("float32"))
 out = {}
-for name, cls in (("attribute", ByAttribute), ("method", ByMethod)):
+for name, cls in (("attribute", ByAttribute), ("method", ByMethod), ("untyped", Untyped)):
     net = cls()
     net.train(x, y)
     assert net.train.swap_ops == "emulated" and net.train.summary.n_swapped > 0, net.train.summary
@@ -304,7 +311,7 @@ import tensorflow as tf
 
 x, y = (tf.constant(np.load(f"{sys.argv[1]}/{n}.npy")) for n in ("x", "y"))
 out = {}
-for name in ("attribute", "method"):
+for name in ("attribute", "method", "untyped"):
     loaded = tf.saved_model.load(f"{sys.argv[1]}/{name}")
     loss = loaded.train(x, y)
     out[name] = {"loss": float(loss), "w1": loaded.w1.numpy().tolist()}
@@ -329,7 +336,7 @@ def test_02_a_saved_lms_function_loads_as_the_plain_step_in_a_fresh_process(tmp_
                             capture_output=True, text=True, timeout=300)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     again = json.loads(loaded.stdout.strip().splitlines()[-1])
-    for name in ("attribute", "method"):
+    for name in ("attribute", "method", "untyped"):
         assert trained[name]["swapped"] > 0
         # LMS moves tensors, not values: the loaded plain step takes the same step from the saved weights
         assert again[name]["loss"] == trained[name]["loss"], (name, again[name]["loss"], trained[name]["loss"])
