@@ -45,18 +45,19 @@ def test_01_the_command_that_finishes_a_cut_short_confirmation_masks_the_storage
     study = "finish"
     seed_graph(tmp_path / "studies", study)
     common = ["search", "--model", TINY_MODEL, "--backend", "emulated", "--budget", "128MiB", "--study", study,
-              "--seed", "0", "--screen-trials", "4", "--trials", "2", "--no-report", "--json", "--storage",
-              postgres_url]
-    done = run_cli([*common, "--confirm", "1"], cwd=tmp_path, timeout=300, env={"LMS_TUNER_FAULT": "fits120@*"})
+              "--seed", "0", "--screen-trials", "4", "--trials", "2", "--no-report", "--json"]
+    done = run_cli([*common, "--storage", postgres_url, "--confirm", "1"], cwd=tmp_path, timeout=300,
+                   env={"LMS_TUNER_FAULT": "fits120@*"})
     assert done.returncode == 0, done.stderr[-3000:]
-    # --confirm 2 asks for one more fresh process each; they hang until the time limit ends the search
-    cut = run_cli([*common, "--confirm", "2", "--timeout", "3"], cwd=tmp_path, timeout=300,
-                  env={"LMS_TUNER_FAULT": "hang@*"})
+    # --confirm 2 asks for one more fresh process each; they hang until the time limit ends the search. The
+    # option abbreviated as argparse allows (--stor) is masked too.
+    cut = run_cli([*common, "--stor", postgres_url, "--confirm", "2", "--timeout", "3"], cwd=tmp_path,
+                  timeout=300, env={"LMS_TUNER_FAULT": "hang@*"})
     assert cut.returncode == 1, cut.stderr[-3000:]
     last = cut.stderr.strip().splitlines()[-1]
     finish = re.search(r"Finish it with: (.*)$", last).group(1)
     masked = postgres_url.replace(password, "***")
-    assert finish.endswith(f"--storage '{masked}' --confirm 2 --timeout 0"), finish
+    assert finish.endswith(f"--stor '{masked}' --confirm 2 --timeout 0"), finish
     assert password not in cut.stdout + cut.stderr
 
 
