@@ -57,12 +57,14 @@ untaken branch would never run) are refused.
 from __future__ import annotations
 
 import heapq
+import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from ..plan.anchor import MERGED_SIBLING_TYPES
 
-__all__ = ["Node", "ExactOrder", "ExactOrderError", "exact_order", "FREE_TYPES", "CONTROL_FLOW_TYPES"]
+__all__ = ["Node", "ExactOrder", "ExactOrderError", "exact_order", "order_dependent_sums", "FREE_TYPES",
+           "CONTROL_FLOW_TYPES"]
 
 # Nodes that allocate nothing (arguments and results are forwarded) or only gather control edges: not
 # chained, they run where their inputs allow. Constants are chained: each allocates its tensor when the
@@ -254,6 +256,23 @@ def exact_order(nodes: Sequence[Node], schedule_order: Sequence[str] = (), *, on
                      n_chained=len(chain))
     out.validate(nodes)
     return out
+
+
+_ACCUMULATE = re.compile(r"^(.*)/tmp_var_accum_(\d+)$")
+
+
+def order_dependent_sums(nodes: Sequence[Node]) -> tuple[str, ...]:
+    """The accumulations Grappler's memory optimizer made in an optimized graph, by ``AddN`` name.
+
+    Its scheduling pass turns a large ``AddN`` into a ``TemporaryVariable`` that each
+    input is added to as it arrives (``<AddN>/tmp_var_accum_<k>``: one ``AssignAdd`` per
+    term, unordered). The sum's bits then depend on the order the terms run in,
+    which TF's executor decides as the inputs arrive; no order chosen ahead of the
+    run reproduces it (seen: neither Grappler's term order nor the graph's node
+    order was the one TF ran), so a graph with one is not pinned whole.
+    """
+    found = {m.group(1) for n in nodes if n.type == "AssignAdd" and (m := _ACCUMULATE.match(n.name))}
+    return tuple(sorted(found))
 
 
 def _unit(chain: list[str], k: int, mate: dict[str, str]) -> tuple[str, ...]:

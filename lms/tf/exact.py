@@ -20,7 +20,11 @@ state is never touched. That is safe only for steps whose state is all in
 variables: a step with another stateful op (``tf.print``, a summary, a
 legacy random op whose kernel keeps its own seed state, a Python callback, a
 dataset iterator) is not pinned whole (`unpinnable_reason`), nor is a step on
-several devices or with control flow. Those steps keep the partial pins.
+several devices or with control flow, nor one whose optimized graph has an
+accumulation Grappler's memory optimizer made of a large ``AddN``: its sum
+depends on the order TF's executor runs its terms in, which no chain chosen
+ahead of the run reproduces (`lms.schedule.exact_order.order_dependent_sums`).
+Those steps keep the partial pins.
 
 What the dry runs leave behind is the same in every process, so TF's allocator
 reports the same peak for the same step in each (to the byte): dry run 1 (the
@@ -53,7 +57,7 @@ from typing import Any, Iterator, Sequence
 
 import tensorflow as tf
 
-from ..schedule.exact_order import ExactOrder, ExactOrderError, Node, exact_order
+from ..schedule.exact_order import ExactOrder, ExactOrderError, Node, exact_order, order_dependent_sums
 
 __all__ = ["ExactStep", "ExactUnavailable", "build_exact_step", "unpinnable_reason", "graph_nodes",
            "in_dry_run", "SAFE_STATEFUL_TYPES"]
@@ -238,6 +242,12 @@ def build_exact_step(concrete_fn: Any, flat_args: Sequence[Any], schedule_order:
         captured = _capture(lambda: concrete_fn._call_flat(small, captured_inputs=stand_ins),  # noqa: SLF001
                             concrete_fn)
     nodes = graph_nodes(captured.optimized)
+    sums = order_dependent_sums(nodes)
+    if sums:
+        _free(stand_ins, keep)
+        raise ExactUnavailable(f"Grappler's memory optimizer made {', '.join(sums[:3])} an accumulation whose bits "
+                               "depend on the order TF's executor adds its terms in (lms.schedule.exact_order."
+                               "order_dependent_sums); pinned whole, it would add them in another order")
     devices = {tf.DeviceSpec.from_string(n.device).device_type or "" for n in captured.optimized.node if n.device}
     if len({n.device for n in captured.optimized.node if n.device}) > 1 or devices - {"CPU"}:
         raise ExactUnavailable("the optimized graph runs on " + ", ".join(sorted({n.device for n in

@@ -213,3 +213,66 @@ def test_a_dry_runs_stand_ins_are_freed_at_once_and_collected_only_when_a_cycle_
     del w, cycle
     exact._free(stand_ins, keep)  # noqa: SLF001
     assert collected == [1] and ref() is None
+
+
+# ---- order-dependent sums: Grappler's memory optimizer turns a large AddN into an accumulation ------------
+
+_ADAM_CHILD = r"""
+import json, logging, sys
+import numpy as np, tensorflow as tf, keras, lms
+logging.basicConfig(level=logging.INFO)
+mode = sys.argv[1]
+keras.utils.set_random_seed(3)
+x = inp = keras.Input((64, 64, 3))
+x = keras.layers.Conv2D(32, 3, padding="same")(x)
+h = keras.layers.Conv2D(32, 3, padding="same")(x)
+h = keras.layers.Activation("relu")(keras.layers.BatchNormalization()(h))
+h = keras.layers.Conv2D(32, 3, padding="same")(h)
+x = keras.layers.Add()([x, keras.layers.BatchNormalization()(h)])
+m = keras.Model(inp, keras.layers.Dense(7)(keras.layers.GlobalAveragePooling2D()(x)))
+opt = keras.optimizers.Adam(1e-3)
+lf = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+def step(x, y):
+    with tf.GradientTape() as t:
+        loss = lf(y, m(x, training=True))
+    opt.apply_gradients(zip(t.gradient(loss, m.trainable_variables), m.trainable_variables))
+    return loss
+f = tf.function(step) if mode == "plain" else lms.function(step, config=lms.LMSConfig(n_tensors=0, schedule="memory"))
+xs = tf.random.stateless_normal([48, 64, 64, 3], seed=(1, 2)); ys = tf.zeros([48], tf.int32)
+for _ in range(2):
+    f(xs, ys)
+flat = np.concatenate([v.numpy().ravel() for v in m.variables])
+print(json.dumps({"sha": __import__("hashlib").sha1(flat.tobytes()).hexdigest()}))
+"""
+
+
+@pytest.mark.slow
+def test_a_step_with_an_order_dependent_sum_is_not_pinned_whole_and_trains_bitwise():
+    """Issue 55's reproduction, one block: at this size Grappler's memory optimizer makes one AddN of the
+    BatchNorm backward an accumulation whose bits follow the order TF's executor adds its terms in. Pinned
+    whole, the memory schedule's order summed them otherwise (every weight differed after 3 Adam steps);
+    the step now keeps the partial pins and trains as plain does. Single-threaded, where plain repeats."""
+    env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
+
+    def run(mode):  # noqa: ANN001, ANN202
+        proc = subprocess.run([sys.executable, "-c", _ADAM_CHILD, mode], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])["sha"], proc.stderr
+
+    plain, _ = run("plain")
+    assert run("plain")[0] == plain  # plain repeats itself under these settings
+    mem, log = run("mem")
+    assert "an accumulation whose bits depend on the order" in log
+    assert mem == plain
+
+
+def test_order_dependent_sums_are_found_by_their_accumulate_terms():
+    from lms.schedule.exact_order import Node, order_dependent_sums
+
+    nodes = [Node("a", "Relu"), Node("AddN_1/tmp_var", "TemporaryVariable"),
+             Node("AddN_1/tmp_var_accum_0", "AssignAdd", ("AddN_1/tmp_var", "a")),
+             Node("AddN_1/tmp_var_accum_1", "AssignAdd", ("AddN_1/tmp_var", "a")),
+             Node("g/tmp_var_accum_0", "Identity", ("a",)), Node("AddN", "AddN", ("a", "a"))]
+    assert order_dependent_sums(nodes) == ("AddN_1",)
+    assert order_dependent_sums(nodes[:1] + nodes[-2:]) == ()
