@@ -45,8 +45,8 @@ class Correction:
     """A change the equivalence check made to the plan, and why.
 
     Attributes:
-        kind: ``"trigger moved"``, ``"swap-in dropped"``, ``"recompute trigger moved"`` or
-            ``"recompute dropped"``.
+        kind: ``"trigger moved"``, ``"swap-in dropped"``, ``"recompute trigger moved"``,
+            ``"recompute dropped"`` or ``"order dropped"`` (the memory schedule's pins, `lms.tf.rewriter`).
         name: the swap-in op, or the recomputed tensor.
         tensor: the swapped or recomputed tensor.
         detail: e.g. ``"trigger a -> b"``.

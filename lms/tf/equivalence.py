@@ -62,7 +62,7 @@ from .extract import must_run
 from .grappler import GrapplerTarget, current_target
 
 __all__ = ["Correction", "Difference", "EquivalenceResult", "ensure_equivalent", "optimized_differences",
-           "optimized_graph_def",
+           "optimized_graph_def", "order_differences",
            "cache_dir", "clear_cache", "MAX_ROUNDS", "CHECK_PREFIX", "CHECK_VERSION"]
 
 log = logging.getLogger(__name__)
@@ -274,27 +274,20 @@ def ensure_equivalent(graph: tf.Graph, plain_def: Any, model: Graph, plan: SwapP
     start = time.perf_counter()
     if not plan.rewrites:
         return EquivalenceResult(plan)
-    target = target or current_target()
-    device = device or target.compute_device
-    fetch = _fetches(graph, outputs)
-    present = _names(plain_def)
-    keep = tuple(op.name for op in graph.get_operations() if op.name in present and must_run(op))
-    config = target.config()
-    plain_meta = _meta(plain_def, graph, fetch, keep, device)
-    plain_key = _digest(target, config, plain_meta)
+    run = _Comparison.of(graph, plain_def, outputs=outputs, device=device, target=target)
+    target, config, plain_key = run.target, run.config, run.plain_key
     plain = _STORE.plain(plain_key)
     naming = Naming(plan)
     corrections: list[Correction] = []
     avoid: set[str] = set()
     rounds = 0
     while True:
-        lms_meta = _meta(graph.as_graph_def(), graph, fetch, keep, device)
+        lms_meta = run.meta(graph.as_graph_def())
         key = f"{plain_key}-{_digest(target, config, lms_meta)}"
         if _STORE.equivalent(key):
             return EquivalenceResult(plan, tuple(corrections), rounds, time.perf_counter() - start, cached=not rounds)
         if plain is None:
-            plain = canonical(target.optimize(plain_meta, config), Naming(SwapPlan(config=plan.config)))
-            _STORE.put_plain(plain_key, plain)
+            plain = run.plain(plan)
         rounds += 1
         diffs = differences(plain, canonical(target.optimize(lms_meta, config), naming))
         if not diffs:
@@ -309,6 +302,62 @@ def ensure_equivalent(graph: tf.Graph, plain_def: Any, model: Graph, plan: SwapP
                         "(e.g. %s): every swap and recompute left is dropped", rounds, diffs[0])
             plan = drop_all(graph, plan, corrections, str(diffs[0]))
             return EquivalenceResult(plan, tuple(corrections), rounds, time.perf_counter() - start)
+
+
+def order_differences(graph: tf.Graph, plain_def: Any, plan: SwapPlan, *, outputs: Any, device: str | None = None,
+                      target: GrapplerTarget | None = None) -> list[Difference]:
+    """What Grappler optimizes differently in the finished rewrite (`plan` applied, checked, and the schedule's
+    ordering edges pinned) than in the step without LMS; empty when the same.
+
+    The pins are control edges: they change no value, but an op with a control input or output is kept
+    out of some of Grappler's rewrites (folding, fusions, reassociation). One Grappler run of the pinned
+    graph (the step without LMS is cached), remembered by content like `ensure_equivalent`'s verdicts.
+    """
+    run = _Comparison.of(graph, plain_def, outputs=outputs, device=device, target=target)
+    lms_meta = run.meta(graph.as_graph_def())
+    key = f"{run.plain_key}-{_digest(run.target, run.config, lms_meta)}"
+    if _STORE.equivalent(key):
+        return []
+    plain = _STORE.plain(run.plain_key) or run.plain(plan)
+    diffs = differences(plain, canonical(run.target.optimize(lms_meta, run.config), Naming(plan)))
+    if not diffs:
+        _STORE.put_equivalent(key)
+    return diffs
+
+
+@dataclass(frozen=True)
+class _Comparison:
+    """What both of a check's Grappler runs share: the target, its options, the fetches and the plain step."""
+
+    graph: Any
+    target: GrapplerTarget
+    config: Any
+    fetch: tuple[str, ...]
+    keep: tuple[str, ...]
+    device: str
+    plain_meta: Any
+    plain_key: str
+
+    @classmethod
+    def of(cls, graph: tf.Graph, plain_def: Any, *, outputs: Any, device: str | None,
+           target: GrapplerTarget | None) -> "_Comparison":
+        target = target or current_target()
+        device = device or target.compute_device
+        fetch = _fetches(graph, outputs)
+        present = _names(plain_def)
+        keep = tuple(op.name for op in graph.get_operations() if op.name in present and must_run(op))
+        config = target.config()
+        plain_meta = _meta(plain_def, graph, fetch, keep, device)
+        return cls(graph, target, config, fetch, keep, device, plain_meta, _digest(target, config, plain_meta))
+
+    def meta(self, graph_def: Any) -> Any:
+        return _meta(graph_def, self.graph, self.fetch, self.keep, self.device)
+
+    def plain(self, plan: SwapPlan) -> Canonical:
+        """The step without LMS, optimized and reduced to its values (and remembered)."""
+        found = canonical(self.target.optimize(self.plain_meta, self.config), Naming(SwapPlan(config=plan.config)))
+        _STORE.put_plain(self.plain_key, found)
+        return found
 
 
 def optimized_graph_def(graph: tf.Graph, *, outputs: Any, target: GrapplerTarget | None = None,

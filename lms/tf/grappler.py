@@ -19,10 +19,11 @@ without and with LMS under one `GrapplerTarget`:
 
 `lms.inspect` traces a step under a virtual target (`using_target`); a step
 traced on a real GPU uses the local target, whose Grappler is the one that runs.
-What a virtual GPU cannot show: kernels and timings (nothing runs), and the
-remapper's cuDNN fusions (``_FusedConv2D`` needs cuDNN's kernel registry,
-absent from a CPU build, so the remapper fuses nothing there;
-``benchmarks/gpu_check.py`` checks it on a GPU).
+What a virtual GPU cannot show: kernels, memory and timings (nothing runs).
+The remapper's cuDNN fusions do happen there (``_FusedConv2D`` for a 3x3
+Conv2D + BiasAdd + Relu), given the filters' static shapes: `lms.tf.equivalence`
+passes the variables' shapes, and without them (a plain MetaGraphDef of the
+traced graph) the remapper sees a filter of unknown size and fuses nothing.
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ class Inspection:
         transposes_at_swaps: ``Transpose`` nodes in it that feed a swap-out or read a swap-in.
         predicted_transposes_at_swaps: the simulator's count of the same (`lms.sim.layout`).
         transposed_swap_ops: the swap ops (by name) with a ``Transpose`` beside them in the optimized graph.
-        predicted_transposed_swap_ops: the swap ops the simulator gives one (`lms.sim.layout.is_transposed`).
+        predicted_transposed_swap_ops: the swap ops the simulator gives one (`lms.sim.layout.swap_transposes`).
+        note: the trace's note (`LMSSummary.note`), e.g. "LMS did nothing" when the check dropped the whole plan.
     """
 
     device: str
@@ -66,6 +67,7 @@ class Inspection:
     predicted_transposes_at_swaps: int
     transposed_swap_ops: frozenset[str] = frozenset()
     predicted_transposed_swap_ops: frozenset[str] = frozenset()
+    note: str = ""
 
 
 def inspect(step: Callable, *example_args: Any, config: LMSConfig, device: str = "V100-16GB",
@@ -109,7 +111,7 @@ def inspect(step: Callable, *example_args: Any, config: LMSConfig, device: str =
         swap_ops_on_host=all(n.device.endswith("CPU:0") for n in nodes
                              if is_swap_op_name(n.name) and not n.name.endswith("-LayoutOptimizer")),
         transposes_at_swaps=transposes, predicted_transposes_at_swaps=sum(predicted.values()),
-        transposed_swap_ops=frozenset(beside), predicted_transposed_swap_ops=frozenset(predicted))
+        transposed_swap_ops=frozenset(beside), predicted_transposed_swap_ops=frozenset(predicted), note=summary.note)
 
 
 def transposes_at_swaps(nodes: Any) -> int:

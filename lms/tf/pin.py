@@ -34,7 +34,7 @@ import tensorflow as tf
 from ..graph import group_pairs
 
 
-__all__ = ["PinnedSchedule", "apply_schedule", "pinned_edges_survived"]
+__all__ = ["PinnedSchedule", "apply_schedule", "remove_schedule", "pinned_edges_survived"]
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,11 @@ _SWAP_IN_MARK = "-lms_swap_in_"  # in every swap-in's op name (`lms.plan.swap_op
 
 @dataclass(frozen=True)
 class PinnedSchedule:
-    """What `apply_schedule` added: the edges ``(before, after)`` by op name."""
+    """What `apply_schedule` added: the edges ``(before, after)`` by op name, and the control inputs it added
+    (``(source op, destination op)``: an emulated swap-in's entry ops, none the graph had already)."""
 
     edges: tuple[tuple[str, str], ...]
+    added: tuple[tuple[str, str], ...] = ()
 
 
 def _swap_in_parts(graph: tf.Graph) -> dict[str, list[tf.Operation]]:
@@ -96,12 +98,30 @@ def apply_schedule(graph: tf.Graph, edges: Iterable[tuple[str, str]]) -> PinnedS
         raise ValueError(f"the schedule's {len(edges)} ordering edges would make a cycle in the traced graph "
                          f"through {' -> '.join(cycle[:6])}{' ...' if len(cycle) > 6 else ''}; nothing pinned "
                          "(use schedule='tf' and no serialization/sync_mode for this step)")
+    added: list[tuple[str, str]] = []
     for src, dsts in resolved:
         for dst in dsts:
             if src not in dst.control_inputs:
                 dst._add_control_input(src)  # noqa: SLF001
+                added.append((src.name, dst.name))
     log.debug("pinned %d ordering edges", len(edges))
-    return PinnedSchedule(tuple(edges))
+    return PinnedSchedule(tuple(edges), tuple(added))
+
+
+def remove_schedule(graph: tf.Graph, pinned: PinnedSchedule) -> None:
+    """Take out the control inputs `apply_schedule` added (the graph's own stay)::
+
+        (a) ..> (b)   becomes   (a)   (b)
+    """
+    by_dst: dict[str, set[str]] = {}
+    for src, dst in pinned.added:
+        by_dst.setdefault(dst, set()).add(src)
+    for dst_name, srcs in by_dst.items():
+        dst = graph.get_operation_by_name(dst_name)
+        keep = [c for c in dst.control_inputs if c.name not in srcs]
+        dst._remove_all_control_inputs()  # noqa: SLF001
+        dst._add_control_inputs(keep)  # noqa: SLF001
+    log.debug("unpinned %d control inputs", len(pinned.added))
 
 
 def _cycle_with(graph: tf.Graph, extra: list[tuple[tf.Operation, tf.Operation]]) -> list[str]:

@@ -182,10 +182,11 @@ class Rewriter:
             corrections = ()
         plan.validate(model)
         planned = time.perf_counter()
-        plain_def = graph.as_graph_def() if self.check and plan.rewrites and reused is None else None
+        plain_def = graph.as_graph_def() if self.check and (plan.rewrites or config.pins_order) and reused is None \
+            else None
         applied = apply_plan(graph, plan, swap_ops=self.swap_ops, bandwidth=self.bandwidth, device=self.device)
         swapped = time.perf_counter()
-        if plain_def is not None:
+        if plain_def is not None and plan.rewrites:
             checked = ensure_equivalent(graph, plain_def, model, plan, outputs=outputs, device=self.device)
             plan, corrections = checked.plan, checked.corrections
             if corrections:
@@ -198,10 +199,18 @@ class Rewriter:
 
             exact = may_pin_whole and config.schedule == "memory"
             schedule = schedule_for(model, plan, exact=exact)
-            apply_schedule(graph, schedule.edges)
+            pinned = apply_schedule(graph, schedule.edges)
+            if plain_def is not None and pinned.edges:
+                schedule, corrections = self._check_pins(graph, plain_def, plan, pinned, schedule, corrections,
+                                                         outputs=outputs)
         done = time.perf_counter()
+        note = _loop_note(plan)
+        if corrections and not plan.rewrites:
+            note = ("LMS did nothing: the equivalence check dropped every swap and recompute of the plan "
+                    f"({len(corrections)} corrections, e.g. {corrections[0]}); the step runs as without LMS")
+            log.warning("LMS: %s: %s", self.owner, note)
         summary = LMSSummary.from_plan(plan, swap_ops=self.swap_ops, auto=choice, corrections=corrections,
-                                       note=_loop_note(plan))
+                                       note=note)
         timings = {"extract_s": extracted - start, "plan_s": planned - extracted, "apply_s": swapped - planned,
                    "check_s": checked_at - swapped, "schedule_s": done - checked_at}
         if choice is not None:
@@ -232,6 +241,24 @@ class Rewriter:
         if plan.n_recomputed:
             log.info("LMS: recomputes %d tensors (%.1f MiB at batch %d) with %d cloned ops in %s",
                      plan.n_recomputed, plan.recomputed_bytes / _MiB, batch, summary.n_clones, self.owner)
+
+    def _check_pins(self, graph: tf.Graph, plain_def: Any, plan: SwapPlan, pinned: Any, schedule: Any,
+                    corrections: tuple[Correction, ...], *, outputs: Any) -> tuple[Any, tuple[Correction, ...]]:
+        """The equivalence check of the finished rewrite, pins included (`lms.tf.equivalence.order_differences`):
+        when the ordering edges make Grappler optimize the step differently, they are taken out (the step runs in
+        TF's order, with the checked plan) and a correction says so. Returns (schedule or None, corrections)."""
+        from .equivalence import order_differences
+        from .pin import remove_schedule
+
+        diffs = order_differences(graph, plain_def, plan, outputs=outputs, device=self.device)
+        if not diffs:
+            return schedule, corrections
+        remove_schedule(graph, pinned)
+        log.warning("LMS: %s: the memory schedule's %d ordering edges make Grappler optimize the step differently "
+                    "(e.g. %s): they are dropped, the step runs in TensorFlow's order", self.owner,
+                    len(pinned.edges), diffs[0])
+        dropped = Correction("order dropped", "schedule", "", f"{len(pinned.edges)} ordering edges", str(diffs[0]))
+        return None, (*corrections, dropped)
 
     def set_disabled(self, args: tuple, kwargs: dict, *, graph: tf.Graph, batch_hint: int | None) -> None:
         """Record an empty plan for a trace with LMS off (``n_tensors=0``)."""

@@ -262,3 +262,49 @@ def test_the_trial_record_carries_the_checks_corrections(monkeypatch):
     whole = lms.function(step, config=lms.LMSConfig(incl_types=["Reshape"]), emulate=True)
     whole(*args)
     assert "n_corrections" not in lms_summary_record(whole) and corrections_warning(lms_summary_record(whole)) == ""
+
+
+# ---- the check sees the finished rewrite: the memory schedule's pins too ------------------------------------
+
+def _pinned_residual_step():
+    from tests.tf.test_inspect import ARGS, _residual_step
+
+    return _residual_step(), ARGS
+
+
+def _control_inputs(fn, args) -> int:  # noqa: ANN001
+    return sum(len(op.control_inputs) for op in fn.get_concrete_function(*args).graph.get_operations())
+
+
+def test_the_pins_are_checked_even_when_nothing_is_swapped(monkeypatch):
+    """With ``n_tensors=0, schedule="memory"`` nothing is swapped, only ordered: the check still runs, on the
+    pinned graph. Here Grappler optimizes it as without LMS: no correction, the pins stay."""
+    import lms.tf.equivalence as equivalence
+
+    calls = []
+    original = equivalence.order_differences
+    monkeypatch.setattr(equivalence, "order_differences", lambda *a, **k: calls.append(1) or original(*a, **k))
+    step, args = _pinned_residual_step()
+    fn = lms.function(step, config=lms.LMSConfig(n_tensors=0, schedule="memory"), pin_whole=False)
+    fn.get_concrete_function(*args)
+    assert calls == [1]
+    assert fn.summary.corrections == () and fn.schedule is not None and len(fn.schedule.edges) > 5
+
+
+def test_pins_that_change_what_grappler_does_are_dropped_with_a_correction(monkeypatch):
+    """A schedule whose ordering edges Grappler would optimize differently (planted: the comparison reports a
+    difference) is taken out again: every control input it added is gone, the step runs in TF's order."""
+    import lms.tf.equivalence as equivalence
+    from lms.tf.canonical import Difference
+
+    step, args = _pinned_residual_step()
+    plain = _control_inputs(tf.function(step), args)
+    pinned = lms.function(step, config=lms.LMSConfig(n_tensors=0, schedule="memory"), pin_whole=False, check=False)
+    assert _control_inputs(pinned, args) > plain
+    planted = Difference("gradient_tape/mul_1", "Mul(a, b)", "Mul(b, c)")
+    monkeypatch.setattr(equivalence, "order_differences", lambda *a, **k: [planted])
+    fn = lms.function(step, config=lms.LMSConfig(n_tensors=0, schedule="memory"), pin_whole=False)
+    assert _control_inputs(fn, args) == plain  # every pin taken out, TF's own control edges kept
+    (c,) = fn.summary.corrections
+    assert c.kind == "order dropped" and c.reason == str(planted) and c.detail.endswith("ordering edges")
+    assert fn.schedule is None

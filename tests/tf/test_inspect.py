@@ -154,6 +154,7 @@ def test_a_harmful_swap_is_still_corrected_on_a_virtual_gpu(monkeypatch):
     assert [c.kind for c in rec.corrections] == ["swap-in dropped"]
     assert "FoldTransposeIntoMatMul" in rec.corrections[0].reason
     assert rec.n_swapped == 0
+    assert rec.note.startswith("LMS did nothing: the equivalence check dropped every swap")
 
 
 def test_an_unknown_device_is_refused_with_the_known_names(fp32_step):
@@ -167,3 +168,28 @@ def test_virtual_targets_carry_the_profiles_compute_capability():
     assert virtual_target("H100-80GB").compute_capability == "9.0"
     assert virtual_target("P100-16GB").memory_bytes == 16 << 30
     assert not virtual_target("cpu").gpu
+
+
+def test_the_remappers_cudnn_fusions_are_made_and_kept_with_every_tensor_swapped():
+    """On a virtual GPU the remapper fuses Conv2D + BiasAdd + Relu into ``_FusedConv2D`` (it needs the filter's
+    static shape: the check gives Grappler the variables' shapes); swapping every candidate keeps all three."""
+    keras.utils.set_random_seed(3)
+    inp = keras.Input((16, 16, 3))
+    h = inp
+    for _ in range(3):
+        h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(h)
+    model = keras.Model(inp, keras.layers.Dense(2)(keras.layers.Flatten()(h)))
+    opt = keras.optimizers.SGD(0.01)
+    opt.build(model.trainable_variables)
+
+    @tf.autograph.experimental.do_not_convert
+    def step(x, y):  # noqa: ANN001, ANN202
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    rec = lms.inspect(step, tf.TensorSpec((4, 16, 16, 3)), tf.TensorSpec((4, 2)), config=CONFIGS["swaps"],
+                      device="V100-16GB")
+    assert rec.corrections == () and rec.n_swapped == rec.n_planned >= 3
+    assert sum(n.op == "_FusedConv2D" for n in rec.optimized_graph.node) == 3
