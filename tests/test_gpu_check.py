@@ -200,6 +200,10 @@ def test_lms_checks() -> None:
     assert "20 host->device transfers depend on their trigger" in gated.detail and "1 do not" in gated.detail
     assert "put 1 Transposes" in transposes.detail and "counts 2" in transposes.detail
     assert "lms/sim/layout.py" in transposes.fix
+    dropped = gc.check_lms(off, dict(good, swap_ops_after_grappler=0, n_swaps=0, n_planned=20,
+                                     corrections=["swap-in dropped: x (y): z"]))[1]
+    assert dropped.status == "FAIL" and "the equivalence check dropped the plan" in dropped.detail
+    assert "lms/tf/canonical.py" in dropped.fix and "_grappler_do_not_remove" not in dropped.fix
     unknown = gc.check_lms(off, dict(good, swapin_delays=[{"delay_us": None}], logdir="/tmp/x"))[3]
     assert unknown.status == "WARN" and "/tmp/x" in unknown.fix
     assert gc.check_lms(off, {"error": "ResourceExhaustedError: ..."})[0].status == "FAIL"
