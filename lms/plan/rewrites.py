@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from ..graph import Graph
 
-__all__ = ["LOOK_THROUGH", "folds_into", "hides_rewrite", "recompute_changes_readers"]
+__all__ = ["LOOK_THROUGH", "ONEDNN_WORKSPACE", "folds_into", "hides_rewrite", "recompute_changes_readers"]
 
 # (producer type, consumer type): rewrites of the consumer that read through the producer, whatever
 # else reads the producer (Grappler's arithmetic optimizer stages in parentheses).
@@ -86,16 +86,29 @@ def folds_into(producer_type: str, reader_type: str) -> bool:
             or (producer_type, reader_type) in _FUSED or (producer_type, reader_type) in LOOK_THROUGH)
 
 
+# (forward, backward) pairs whose kernels oneDNN's layout pass links by the edge between them: the backward
+# op's oneDNN kernel reads the forward op's workspace (the pooling's argmax), found through its direct edge
+# from the forward op's output. Read through a swap-in, the backward op runs TF's own kernel, which picks
+# another argmax among equal values in overlapping windows: other gradients (issue 55's distillation).
+ONEDNN_WORKSPACE = frozenset({("MaxPool", "MaxPoolGrad"), ("MaxPoolV2", "MaxPoolGradV2"),
+                              ("MaxPool3D", "MaxPool3DGrad")})
+
+
 def hides_rewrite(graph: Graph, tensor: str, consumer: str) -> str:
     """Why a swap-in of `tensor` for `consumer` would change Grappler's rewrite of `consumer` ('' if not).
 
-    A consumer that reads through the tensor's producer (`LOOK_THROUGH`), or the
-    tensor's only reader, into which Grappler folds the producer (`folds_into`).
+    A consumer that reads through the tensor's producer (`LOOK_THROUGH`), the
+    tensor's only reader, into which Grappler folds the producer (`folds_into`),
+    or a backward op whose oneDNN kernel needs its direct edge from the producer
+    (`ONEDNN_WORKSPACE`; on a GPU the rule costs that tensor's swap, nothing else).
     """
     producer = graph.producer(tensor)
     reader = graph.ops[consumer]
     if (producer.type, reader.type) in LOOK_THROUGH:
         return f"Grappler reads {reader.type} {consumer!r} through its {producer.type} input"
+    if (producer.type, reader.type) in ONEDNN_WORKSPACE:
+        return (f"oneDNN's {reader.type} {consumer!r} reads the {producer.type}'s workspace through this edge "
+                "(through a swap-in it runs another kernel)")
     readers = graph.live_readers(tensor)
     if readers == (consumer,) and folds_into(producer.type, reader.type):
         return f"Grappler folds this {producer.type} into its only reader, {reader.type} {consumer!r}"

@@ -308,3 +308,27 @@ def test_pins_that_change_what_grappler_does_are_dropped_with_a_correction(monke
     (c,) = fn.summary.corrections
     assert c.kind == "order dropped" and c.reason == str(planted) and c.detail.endswith("ordering edges")
     assert fn.schedule is None
+
+
+def test_an_overlapping_maxpool_output_keeps_its_direct_edge_to_the_maxpool_gradient():
+    """Issue 55's distillation, reduced: swapping the output of an overlapping MaxPool made oneDNN's MaxPoolGrad
+    lose its forward op's workspace and run TF's own kernel (another argmax among equal values): the conv's
+    gradients differed. The MaxPoolGrad now reads the original (the rule `ONEDNN_WORKSPACE`), bitwise."""
+    keras.utils.set_random_seed(1)
+    m = keras.Sequential([keras.Input((16, 16, 1)), keras.layers.Conv2D(8, 3, strides=2, padding="same"),
+                          keras.layers.MaxPooling2D(pool_size=(2, 2), strides=(1, 1), padding="same"),
+                          keras.layers.Flatten(), keras.layers.Dense(10)])
+    rng = np.random.default_rng(0)
+    x = rng.random((8, 16, 16, 1)).astype("float32")
+    y = rng.integers(0, 10, (8,)).astype("int32")
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, m(x, training=True))
+        return tape.gradient(loss, m.trainable_variables)
+
+    fn = lms.function(step, config=lms.LMSConfig(incl_types=["MaxPool"]))
+    assert _differing(step, (x, y), fn) == []
+    assert fn.summary.n_swapped == 0 and fn.summary.corrections == ()  # avoided by the planner, not corrected
+    assert any("workspace" in k.reason for k in fn.plan.skipped)
