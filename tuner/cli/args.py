@@ -242,7 +242,8 @@ def _add_search(sub: Any) -> None:
                              "(just under it after --safety-margin); not with --budget")
     p.add_argument("--host-budget", type=_host_budget, default=None, metavar="SIZE",
                    help="host memory the swapped tensors may hold, e.g. 8GiB, or none (default: 75%% of this "
-                        "machine's RAM; on a GPU also at most TF's pinned host limit, 128 GiB)")
+                        "machine's RAM; on a GPU also at most TF's pinned host limit, 128 GiB; a prediction for "
+                        "a GPU profile (simulate): that GPU machine's pinned limit, not this machine's RAM)")
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="gpu | emulated | simulate (default: gpu when a GPU and CUDA TensorFlow are found, "
                         "else emulated)")
