@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -188,7 +189,7 @@ def choose_config(graph: Graph, *, batch: int, budget: int | str, device: Device
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch={batch!r}: must be an integer >= 1")
     # bytes given as an int are taken as they are (a toy model's step may need less than 1 MiB)
-    budget_bytes = parse_size(budget, what="budget", minimum=1 if isinstance(budget, int) else MIN_SIZE)
+    budget_bytes = parse_size(budget, what="budget", minimum=1 if isinstance(budget, numbers.Integral) else MIN_SIZE)
     margin = _check_margin(margin)
     dev = get_device(device)
     usable = int(budget_bytes * (1.0 - margin))

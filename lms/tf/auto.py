@@ -21,6 +21,7 @@ figures. It is not re-planned: the user decides (a smaller budget, or the tuner)
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -132,7 +133,7 @@ class AutoSettings:
                 raise ValueError(_NO_BUDGET)
             budget_bytes, source = default_gpu_budget()
         else:
-            budget_bytes = parse_size(budget, what="budget", minimum=1 if isinstance(budget, int) else MIN_SIZE)
+            budget_bytes = parse_size(budget, what="budget", minimum=1 if isinstance(budget, numbers.Integral) else MIN_SIZE)
             source = "given"
         return cls(budget_bytes=budget_bytes, budget_source=source, margin=float(margin),
                    device=_gpu_profile() if on_gpu else "cpu")

@@ -427,6 +427,15 @@ def test_05_a_float_or_numpy_budget_is_bytes_rounded_down(budget, nbytes: int) -
     assert choice.budget_bytes == nbytes and type(choice.budget_bytes) is int
 
 
+def test_05_a_numpy_integer_budget_below_a_mib_is_bytes_like_an_int() -> None:
+    from lms.auto import choose_config
+    from tests.synthetic import chain
+
+    graph = chain(4, per_sample_bytes=1024)
+    for budget in (500_000, np.int64(500_000)):
+        assert choose_config(graph, batch=4, budget=budget, device="cpu").budget_bytes == 500_000
+
+
 @pytest.mark.parametrize("budget, message", [
     (float("inf"), "budget inf is not a finite number of bytes"),
     (float("nan"), "budget nan is not a finite number of bytes"),
