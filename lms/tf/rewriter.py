@@ -205,7 +205,7 @@ class Rewriter:
                                                          outputs=outputs)
         done = time.perf_counter()
         note = _loop_note(plan)
-        if corrections and not plan.rewrites:
+        if not plan.rewrites and any(c.kind != "order dropped" for c in corrections):
             note = ("LMS did nothing: the equivalence check dropped every swap and recompute of the plan "
                     f"({len(corrections)} corrections, e.g. {corrections[0]}); the step runs as without LMS")
             log.warning("LMS: %s: %s", self.owner, note)

@@ -308,6 +308,7 @@ def test_pins_that_change_what_grappler_does_are_dropped_with_a_correction(monke
     (c,) = fn.summary.corrections
     assert c.kind == "order dropped" and c.reason == str(planted) and c.detail.endswith("ordering edges")
     assert fn.schedule is None
+    assert not fn.summary.note.startswith("LMS did nothing")  # nothing was planned to be swapped: only the order
 
 
 def test_an_overlapping_maxpool_output_keeps_its_direct_edge_to_the_maxpool_gradient():
