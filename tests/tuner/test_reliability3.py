@@ -61,11 +61,18 @@ import time
 
 from tuner.models import load_workload
 
-if os.fork() == 0:
+child = os.fork()
+if child == 0:
     with open(os.path.join(os.environ["FORK_PIDS"], str(os.getpid())), "w"):
         pass
     time.sleep(120)
     os._exit(0)
+# the import returns once the child has said it runs: on a loaded machine it might otherwise not have been
+# scheduled before the worker ended and took it down, and the test would see no child at all
+for _ in range(200):
+    if os.path.exists(os.path.join(os.environ["FORK_PIDS"], str(child))):
+        break
+    time.sleep(0.05)
 
 
 def make_workload():
