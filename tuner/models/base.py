@@ -37,6 +37,9 @@ __all__ = [
     "sparse_softmax_cross_entropy", "int_option", "float_option",
 ]
 
+from .parts import (adam, batch_leaves, batch_structure, nbytes, sgd,  # noqa: F401 - factories import them here
+                    sparse_softmax_cross_entropy)
+
 logger = logging.getLogger(__name__)
 
 # Dtype names a workload may declare for its inputs and labels.
@@ -56,6 +59,25 @@ _BUILTINS: dict[str, str] = {
 @dataclass(frozen=True, kw_only=True)
 class Workload:
     """A trainable model with synthetic data: what one tuner trial runs.
+
+    Three forms, by what the tuner trains (`form`):
+
+    - ``"step"`` (`build_model`, `loss_fn`, `make_optimizer`, the shapes): the tuner's own step,
+      forward, ``tf.GradientTape`` and ``apply_gradients``, traced with an unknown batch
+      dimension and measured under the single-threaded executor on the emulated device;
+    - ``"fit"`` (`fit_model`, `make_batch`): the user's ``model.fit``, as their script runs it:
+      ``fit_model()`` returns the compiled ``keras.Model`` (its own ``train_step``, its
+      ``compile`` settings, several optimizers); each trial runs ``lms.enable_lms`` and
+      ``model.fit`` on a ``tf.data`` pipeline of ``make_batch(batch)`` (a fixed batch dimension)
+      under TensorFlow's default executor, and measures every step's peak;
+    - ``"train_step"`` (`train_step`, `make_batch`): a custom loop's step: ``train_step()``
+      returns an undecorated callable that owns its models and optimizers; trials wrap it with
+      ``lms.function`` and call it on ``make_batch(batch)`` (``step(*batch)`` for a tuple,
+      else ``step(batch)``) at a fixed batch, under the default executor.
+
+    In the program forms, ``make_batch(batch_size, seed=0)`` returns one batch as the program
+    receives it: an array, a tuple (``(x, y)``), or a dict of arrays, each with the batch as its
+    first dimension; shapes and dtypes come from it (`x_shape` and the rest are not given).
 
     Attributes:
         name: short identifier, e.g. ``"resnet50"``.
@@ -78,18 +100,22 @@ class Workload:
             what ``tuner search --batch N --grow OPTION`` may grow (values are multiples of
             the step).
         spec: the string `load_workload` resolved (filled in by the loader).
+        fit_model: ``() -> keras.Model``, compiled (form ``"fit"``).
+        train_step: ``() -> step callable`` (form ``"train_step"``).
     """
 
     name: str
     description: str
-    build_model: Callable[[], Any]
-    loss_fn: Callable[[Any, Any], Any]
-    make_optimizer: Callable[[], Any]
-    x_shape: tuple[int, ...]
-    y_shape: tuple[int, ...]
-    x_dtype: str
-    y_dtype: str
-    make_batch: Callable[..., tuple[Any, Any]]
+    make_batch: Callable[..., Any]
+    build_model: Callable[[], Any] | None = None
+    loss_fn: Callable[[Any, Any], Any] | None = None
+    make_optimizer: Callable[[], Any] | None = None
+    x_shape: tuple[int, ...] = ()
+    y_shape: tuple[int, ...] = ()
+    x_dtype: str = "float32"
+    y_dtype: str = "int32"
+    fit_model: Callable[[], Any] | None = None
+    train_step: Callable[[], Any] | None = None
     default_batch: int = 8
     options: Mapping[str, Any] = field(default_factory=dict)
     growable: Mapping[str, int] = field(default_factory=dict)
@@ -100,11 +126,13 @@ class Workload:
             raise ValueError(f"Workload.name={self.name!r}: must be a non-empty string")
         if not isinstance(self.description, str):
             raise ValueError(f"Workload.description={self.description!r}: must be a string")
-        for fname in ("build_model", "loss_fn", "make_optimizer", "make_batch"):
-            if not callable(getattr(self, fname)):
-                raise ValueError(f"Workload.{fname}={getattr(self, fname)!r}: must be callable")
+        if not callable(self.make_batch):
+            raise ValueError(f"Workload.make_batch={self.make_batch!r}: must be callable")
+        self._check_form()
         for fname in ("x_shape", "y_shape"):
             value = getattr(self, fname)
+            if self.form != "step" and value in ((), []):
+                continue
             if not isinstance(value, (tuple, list)) or not all(
                     isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in value):
                 raise ValueError(
@@ -130,6 +158,39 @@ class Workload:
                 raise ValueError(f"Workload.growable[{name!r}]={step!r}: the step must be an integer >= 1")
         object.__setattr__(self, "growable", dict(self.growable))
 
+    @property
+    def form(self) -> str:
+        """``"step"`` (the tuner's own step), ``"fit"`` (the user's ``model.fit``) or ``"train_step"`` (their step)."""
+        if self.fit_model is not None:
+            return "fit"
+        if self.train_step is not None:
+            return "train_step"
+        return "step"
+
+    def _check_form(self) -> None:
+        step_parts = {f: getattr(self, f) for f in ("build_model", "loss_fn", "make_optimizer")}
+        given = [f for f in ("fit_model", "train_step") if getattr(self, f) is not None]
+        if len(given) > 1:
+            raise ValueError("Workload: give fit_model= or train_step=, not both")
+        if given:
+            if not callable(getattr(self, given[0])):
+                raise ValueError(f"Workload.{given[0]}={getattr(self, given[0])!r}: must be callable")
+            extra = [f for f, v in step_parts.items() if v is not None]
+            if extra:
+                raise ValueError(f"Workload: {given[0]}= is the whole program; {', '.join(extra)} belong to the "
+                                 "tuner's own step (give one form: build_model/loss_fn/make_optimizer, "
+                                 "fit_model or train_step)")
+            return
+        for fname, value in step_parts.items():
+            if not callable(value):
+                raise ValueError(f"Workload.{fname}={value!r}: must be callable (or give fit_model= or "
+                                 "train_step= with make_batch= for your own program)")
+
+    @property
+    def program(self) -> str:
+        """What a trial runs, in words: ``"model.fit"``, ``"lms.function"`` or ``"the tuner's step"``."""
+        return {"fit": "model.fit", "train_step": "lms.function"}.get(self.form, "the tuner's step")
+
     def x_spec(self, *, batch_size: int | None = None) -> Any:
         """``tf.TensorSpec`` of an input batch (batch dim ``None`` unless given)."""
         import tensorflow as tf
@@ -143,8 +204,14 @@ class Workload:
         return tf.TensorSpec((batch_size, *self.y_shape), self.y_dtype, name="y")
 
     def sample_bytes(self) -> int:
-        """Bytes of one sample's input plus label (bfloat16 counted as 2 bytes)."""
-        return _nbytes(self.x_shape, self.x_dtype) + _nbytes(self.y_shape, self.y_dtype)
+        """Bytes of one sample's input plus label (bfloat16 counted as 2 bytes); a program's from one batch."""
+        if self.form != "step":
+            return sum(int(a.nbytes) for a in batch_leaves(self.make_batch(1, 0)))
+        return nbytes(self.x_shape, self.x_dtype) + nbytes(self.y_shape, self.y_dtype)
+
+    def batch_structure(self, batch_size: int = 1) -> Any:
+        """A program's batch as ``fit`` or the step receives it, each array as ``[shape, dtype]``."""
+        return batch_structure(self.make_batch(batch_size, 0))
 
     def check_batch(self, x: Any, y: Any, batch_size: int) -> None:
         """Raise ValueError unless ``(x, y)`` has this workload's shapes and dtypes."""
@@ -159,11 +226,16 @@ class Workload:
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready summary for trial records and reports."""
-        return {"name": self.name, "spec": self.spec or self.name, "description": self.description,
-                "x_shape": list(self.x_shape), "x_dtype": self.x_dtype,
-                "y_shape": list(self.y_shape), "y_dtype": self.y_dtype,
-                "default_batch": self.default_batch, "options": dict(self.options),
-                "growable": dict(self.growable)}
+        out = {"name": self.name, "spec": self.spec or self.name, "description": self.description,
+               "form": self.form, "program": self.program,
+               "default_batch": self.default_batch, "options": dict(self.options),
+               "growable": dict(self.growable)}
+        if self.form == "step":
+            out.update({"x_shape": list(self.x_shape), "x_dtype": self.x_dtype,
+                        "y_shape": list(self.y_shape), "y_dtype": self.y_dtype})
+        else:
+            out["batch"] = self.batch_structure(1)
+        return out
 
 
 # ---------------------------------------------------------------- the registry
@@ -399,28 +471,6 @@ def float_option(workload: str, name: str, value: Any, *, minimum: float = 0.0,
     return float(value)
 
 
-def sparse_softmax_cross_entropy(y_true: Any, y_pred: Any) -> Any:
-    """Mean cross-entropy of integer labels against logits (any rank: per sample,
-    per voxel, per token). Imports Keras when called."""
-    from keras import losses, ops
-
-    return ops.mean(losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True))
-
-
-def sgd(*, learning_rate: float, momentum: float = 0.9) -> Any:
-    """``keras.optimizers.SGD`` with momentum (imports Keras when called)."""
-    import keras
-
-    return keras.optimizers.SGD(learning_rate=learning_rate, momentum=momentum)
-
-
-def adam(*, learning_rate: float) -> Any:
-    """``keras.optimizers.Adam`` (imports Keras when called)."""
-    import keras
-
-    return keras.optimizers.Adam(learning_rate=learning_rate)
-
-
 def random_labels(rng: np.random.Generator, shape: tuple[int, ...], num_classes: int) -> np.ndarray:
     """Uniform class ids in ``[0, num_classes)`` as int32."""
     return rng.integers(0, num_classes, size=shape, dtype=np.int32)
@@ -440,6 +490,3 @@ def check_batch_size(workload: str, batch_size: Any) -> int:
     return int_option(workload, "batch_size", batch_size, minimum=1)
 
 
-def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
-    size = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
-    return int(np.prod(shape, dtype=np.int64)) * size
