@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .tuned import describe_conditions
+
 from .atomic import atomic_write_bytes, atomic_write_text
 from .jsonfile import DuplicateKey, NotJSONNumber, finite_float, no_constant, read_config_text, unique_keys
 from .optypes import RECOMPUTABLE_TYPES, never_recomputed
@@ -377,8 +379,28 @@ class LMSConfig:
         tuned_for = doc.get("tuned_for")
         if isinstance(tuned_for, dict) and tuned_for:
             said = ", ".join(f"{'batch' if k == 'batch_size' else k} {v}" for k, v in tuned_for.items())
+            under = doc.get("measured_under")
+            if isinstance(under, dict) and under.get("program"):
+                said += f", measured under {describe_conditions(under)}"
             log.info("LMS config from %s was tuned for %s", path, said)
+            tuned = {"path": str(path), **tuned_for}
+            for key in ("usable_bytes", "budget_bytes", "measured_under"):
+                if doc.get(key) is not None:
+                    tuned[key] = doc[key]
+            object.__setattr__(config, "_tuned", tuned)  # not a field: equality and hashing ignore it
         return config
+
+    @property
+    def tuned(self) -> dict[str, Any] | None:
+        """What a config loaded from a tuner ``recommended.json`` was tuned for, else None.
+
+        Keys: ``path``, ``batch_size`` (and a grown model option), ``usable_bytes`` (the budget
+        its peak was held to), ``budget_bytes``, and ``measured_under``: the conditions its peak
+        was measured under (`describe_conditions`). `lms.enable_lms` checks ``fit``'s peak against
+        ``usable_bytes`` and warns when the program differs (`lms.tf.fit_peaks`).
+        """
+        tuned = getattr(self, "_tuned", None)
+        return dict(tuned) if tuned else None
 
     @classmethod
     def from_document(cls, doc: Any) -> "LMSConfig":

@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from ..graph import Graph, Op, Role, Tensor, dtype_size
 
-__all__ = ["extract_graph", "trace_train_step", "TracedStep", "BACKWARD_PREFIX", "must_run"]
+__all__ = ["extract_graph", "trace_train_step", "trace_step", "TracedStep", "BACKWARD_PREFIX", "must_run"]
 
 log = logging.getLogger(__name__)
 
@@ -278,4 +278,46 @@ def trace_train_step(model: Any, loss_fn: Callable, optimizer: Any, x_spec: tf.T
     graph = extract_graph(concrete.graph, loss_tensor=rec.targets if rec and rec.targets else None,
                           batch_size=batch_size, symbolic_batch=symbolic,
                           backward_ops=rec.backward_ops if rec else (), name=label)
+    return TracedStep(graph, concrete)
+
+
+def trace_step(step: Callable, batch: Any, *, batch_size: int, name: str = "") -> TracedStep:
+    """Trace any training step on one batch: ``step(*batch)`` for a tuple, else ``step(batch)``.
+
+    A custom loop's step (two tapes and two optimizers too) or a Keras model's own
+    ``train_step`` (``lambda data: model.train_step(data)``). The batch dimension of
+    every tensor is left unknown (sizes become per-sample) unless the step cannot be
+    traced that way; then it is traced at `batch_size`, the batch's first dimension.
+    Every ``tape.gradient`` the step calls is recorded (`record_gradients`).
+    """
+    from .train import record_gradients
+
+    records: list[Any] = []
+
+    def traced(*args: Any) -> Any:
+        with record_gradients() as rec:
+            out = step(*args)
+        records.append(rec)
+        return out
+
+    args = batch if isinstance(batch, tuple) else (batch,)
+    args = tf.nest.map_structure(tf.convert_to_tensor, args)
+
+    def specs(dim: int | None) -> Any:
+        return tf.nest.map_structure(lambda t: tf.TensorSpec([dim, *t.shape[1:]], t.dtype), args)
+
+    try:
+        concrete = tf.function(traced).get_concrete_function(*specs(None))
+        symbolic = True
+    except (ValueError, TypeError) as exc:
+        log.info("tracing with an unknown batch dim failed (%s); tracing at batch %d", exc, batch_size)
+        records.clear()
+        concrete = tf.function(traced).get_concrete_function(*specs(batch_size))
+        symbolic = False
+    rec = next((r for r in reversed(records) if r.graph is concrete.graph), None)
+    if rec is None or not rec.calls:
+        raise ValueError(f"{name or 'the step'} computed no gradients with tf.GradientTape in its own graph: "
+                         "nothing to swap")
+    graph = extract_graph(concrete.graph, loss_tensor=rec.targets or None, batch_size=batch_size,
+                          symbolic_batch=symbolic, backward_ops=rec.backward_ops, name=name or "step")
     return TracedStep(graph, concrete)

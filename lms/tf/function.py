@@ -42,6 +42,7 @@ import tensorflow as tf
 from tensorflow.python.trackable.base import SaveType, Trackable
 
 from ..auto import AUTO, DEFAULT_MARGIN
+from ..tuned import tuned_elsewhere
 from .apply import AppliedPlan
 from .auto import PeakCheck
 from .batch import call_batch
@@ -85,6 +86,9 @@ class LMSFunction(LatestTrace, Trackable):
         self._rewriter = Rewriter(config, emulate=emulate, bandwidth=bandwidth, device=device,
                                    owner=f"lms.function({name})", pin_whole=pin_whole is not False,
                                    budget=budget, margin=margin, check=check)
+        elsewhere = tuned_elsewhere(self._rewriter.config, "lms.function") if self._rewriter.auto is None else ""
+        if elsewhere:
+            log.warning("LMS: %s: %s", self._rewriter.owner, elsewhere)
         self._fn = fn
         self._options = {"emulate": emulate, "bandwidth": bandwidth, "device": device, "pin_whole": pin_whole,
                          "budget": budget, "margin": margin, "check": check, **tf_function_kwargs}

@@ -34,6 +34,9 @@ import keras
 
 from ..auto import DEFAULT_MARGIN
 from ..config import LMSConfig
+from ..tuned import tuned_elsewhere
+from ..sizes import format_size
+from .fit_peaks import FitPeakCheck, with_callback
 from .rewriter import LatestTrace, Rewriter
 
 __all__ = ["LMSModel", "enable_lms", "KerasLMS"]
@@ -65,6 +68,38 @@ class KerasLMS(LatestTrace):
                                    budget=budget, margin=margin, check=check)
         self.batch_size = batch_size
         self.fit_batch: int | None = None  # the batch of the latest ``fit`` call, when it says one
+        self.peak_check: FitPeakCheck | None = None  # the latest ``fit``'s (`lms.tf.fit_peaks`)
+        elsewhere = tuned_elsewhere(self._rewriter.config, "model.fit") if self._rewriter.auto is None else ""
+        if elsewhere:
+            log.warning("LMS: %s: %s", owner, elsewhere)
+
+    def _budget(self) -> tuple[int, str] | None:
+        """The budget fit's peak is held to: config='auto''s, or a loaded recommendation's; None: none known."""
+        rw = self._rewriter
+        if rw.auto is not None:
+            choice = rw.last.summary.auto if rw.last is not None else None
+            if choice is None:
+                return None
+            return choice.budget_bytes, f"the {format_size(choice.budget_bytes)} budget config='auto' chose for"
+        tuned = rw.config.tuned
+        if not tuned or not tuned.get("usable_bytes"):
+            return None
+        return (int(tuned["usable_bytes"]), f"the {format_size(int(tuned['usable_bytes']))} it was tuned to fit "
+                f"({tuned.get('path', 'recommended.json')})")
+
+    def check_fit(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """``fit``'s arguments, with a `FitPeakCheck` added when a budget is known (config='auto', or a
+        loaded recommendation)."""
+        self.peak_check = None
+        if self._rewriter.auto is None and not (self._rewriter.config.tuned or {}).get("usable_bytes"):
+            return args, kwargs
+
+        def batch() -> int | None:
+            summary = self.summary
+            return (summary.batch_size if summary is not None else None) or self.fit_batch
+
+        self.peak_check = FitPeakCheck(self._budget, batch, owner=self._rewriter.owner)
+        return with_callback(args, kwargs, self.peak_check)
 
     def train_step(self, model: Any, train_step: Any, data: Any) -> Any:
         """Run Keras' `train_step` (during tracing) and rewrite what it built.
@@ -172,6 +207,7 @@ class LMSModel(keras.Model):
     def fit(self, *args: Any, **kwargs: Any) -> Any:
         """``keras.Model.fit``; the batch it runs at is noted for ``config="auto"``."""
         self._lms_state.fit_batch = _fit_batch(args, kwargs)
+        args, kwargs = self._lms_state.check_fit(args, kwargs)
         try:
             return super().fit(*args, **kwargs)
         except Exception:
@@ -210,6 +246,7 @@ def enable_lms(model: Any, config: Any, *, emulate: bool | None = None, bandwidt
 
     def fit(*args: Any, **kwargs: Any) -> Any:
         state.fit_batch = _fit_batch(args, kwargs)
+        args, kwargs = state.check_fit(args, kwargs)
         try:
             return original_fit(*args, **kwargs)
         except Exception:

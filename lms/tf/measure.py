@@ -168,7 +168,7 @@ class StepMeasurement:
         }
 
 
-def _host_copies() -> Any:
+def host_copies() -> Any:
     """The emulated swap copies' counter (`lms.tf.emulate.HOST_COPIES`) once that module is loaded, else None."""
     import sys
 
@@ -291,7 +291,7 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
     gc.collect()
     baseline = int(tf.config.experimental.get_memory_info(device)["current"])
     host_window = hostmem.reset_peak_rss() if reset_host_peak else False
-    copies = _host_copies()
+    copies = host_copies()
     copies_before = copies.copies if copies is not None else 0
     if copies is not None:
         copies.reset_peak()
@@ -327,7 +327,7 @@ def measure_step(step: Callable[..., Any], batches: Any, *, warmup: int = 2, ste
     reading = sampler.result if sampler is not None else None
     quartiles = np.percentile(times, [25, 50, 75])
     measurement = StepMeasurement(
-        device=device, device_name=_device_name(tf, device, reading),
+        device=device, device_name=device_name(tf, device, reading),
         peak_device_bytes=peak, peak_source=SOURCE_GPU if on_gpu else SOURCE_CPU,
         baseline_device_bytes=baseline, step_peaks_bytes=tuple(step_peaks),
         step_times_s=tuple(times),
@@ -479,7 +479,7 @@ def _batch_size(batch: Any) -> int | None:
     return None
 
 
-def _device_name(tf: Any, device: str, reading: NvmlReading | None) -> str:
+def device_name(tf: Any, device: str, reading: NvmlReading | None) -> str:
     if device.startswith("GPU:"):
         if reading is not None:
             return reading.device_name
