@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
 
-__all__ = ["FAULT_ENV", "FAULT_KINDS", "injected_fault"]
+__all__ = ["FAULT_ENV", "FAULT_KINDS", "act_out", "injected_fault"]
 
 #: TEST-ONLY hook. ``LMS_TUNER_FAULT="kill@3,oom@4,hang@5,raise@6,die@7,ok@*"``: in the worker of
 #: measured trial N, ``kill`` SIGKILLs itself, ``oom`` reports a (simulated) out-of-memory result,
@@ -43,3 +47,49 @@ def injected_fault(trial: int | None, spec: str | None = None, *, confirm: int =
         return (matches.get(f"{trial}.{confirm}") or matches.get(f"{trial}.*") or matches.get(str(trial))
                 or matches.get("*"))
     return matches.get(str(trial)) or matches.get("*")
+
+
+def act_out(fault: str, request: Any, events: Any) -> Any:
+    """Test-only (`FAULT_ENV`): act out `fault` in a trial worker instead of measuring; no TensorFlow."""
+    from .protocol import MeasureResult
+
+    events.emit("fault", kind=fault)
+    if fault == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault in ("hang", "die"):  # "die": the parent kills itself; a worker that outlived it would finish
+        time.sleep(3600)
+    if fault == "hangonce" and events.path is not None:  # the trial's first process hangs, the next one is "ok"
+        marker = Path(events.path).with_name("hung-once")
+        if not marker.exists():
+            marker.touch()
+            time.sleep(3600)
+    if fault == "raise":
+        raise RuntimeError("injected fault: the model code raised")
+    if fault == "oom":
+        return MeasureResult(status="oom", reason="batch 1 does not fit: out of memory (injected fault)")
+    batch = max(1, request.start_batch)  # "ok", "rofs", "smaller", "fitsN": a synthetic result
+    if fault == "smaller":
+        batch = max(1, batch * 3 // 4)
+    if fault.startswith("path") and not request.fixed_batch:  # the probes fit, the timed runs after them do not
+        return MeasureResult(status="infeasible", batch_size=0, throughput=0.0, peak_source="tf-bfc-cpu",
+                             search={"batch": batch, "peak_bytes": request.usable_bytes, "converged": True,
+                                     "probes": [{"batch": batch, "fits": True, "peak_bytes": request.usable_bytes,
+                                                 "oom": False}]},
+                             reason="the batches found by the search did not fit on their timed runs",
+                             injected_fault=fault)
+    if fault.startswith(("fits", "path")):  # peak = usable * batch / N
+        limit = int(fault[4:])
+        batch = batch if request.fixed_batch else min(batch, limit)  # a search finds N
+        peak = request.usable_bytes * batch // limit
+        if batch > limit:
+            return MeasureResult(status="infeasible", batch_size=0, throughput=0.0, peak_device_bytes=peak,
+                                 peak_source="tf-bfc-cpu", fits_budget=False, injected_fault=fault,
+                                 reason=f"batch {batch} does not fit (injected fault {fault})")
+        return MeasureResult(status="ok", batch_size=batch, throughput=100.0 + batch,
+                             step_time_median_s=batch / (100.0 + batch), step_time_spread_s=0.0,
+                             peak_device_bytes=peak, peak_source="tf-bfc-cpu", fits_budget=True,
+                             injected_fault=fault)
+    return MeasureResult(status="ok", batch_size=batch, throughput=100.0 + batch,
+                         step_time_median_s=batch / (100.0 + batch), step_time_spread_s=0.0,
+                         peak_device_bytes=request.usable_bytes // 2, peak_source="tf-bfc-cpu", fits_budget=True,
+                         injected_fault=fault)

@@ -23,12 +23,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from lms.config import LMSConfig, atomic_write_text
+from lms.tuned import describe_conditions
 from lms.jsonfile import finite_float, no_constant
 
 from . import RECOMMENDATION_SCHEMA
 from . import RECOMMENDATION_VERSION as SCHEMA_VERSION
 from .backends import Backend, get_backend
 from .budget import format_bytes
+from .programs import conditions
 from .bracket import CONFIRMATIONS_ATTR, confirmed_figures, start_origin
 from .knobs import KNOB_TABLE, KnobTable, swap_note
 from .records import corrections_warning
@@ -137,6 +139,8 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
         "storage": settings.storage.display,
         "notes": list(notes),
     }
+    if measured:  # where the peak holds: the program, batch dimension, executor and pins it was measured under
+        doc["measured_under"] = conditions(settings.workload, settings.backend, a.get("lms_summary"))
     from .host import add_host_fields
 
     add_host_fields(doc, a, settings, label=label, predicted_label=predicted_label)
@@ -308,6 +312,7 @@ def format_recommendation(doc: Mapping[str, Any]) -> str:
         *([f"  tuned for    " + ", ".join(f"{k}={v}" for k, v in doc["tuned_for"].items())
            + ("  (fixed by --batch: the fastest config that fits)" if (doc.get("goal") or {}).get("batch") else "")]
           if doc.get("tuned_for") else []),
+        *([f"  measured under {describe_conditions(doc['measured_under'])}"] if doc.get("measured_under") else []),
         f"  batch size   {doc['batch_size']:<12d} {src}",
         f"  throughput   {doc['throughput']:<12.1f} samples/s, {doc['sources']['throughput']}",
         f"  peak memory  {format_bytes(doc.get('peak_device_bytes')):<12} {doc['sources']['peak_device_bytes']}",

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from lms.config import atomic_write_text
 
 from .budget import format_bytes
 from .errors import BadInput
-from .faults import injected_fault
+from .faults import act_out, injected_fault
 from .oom import describe_oom
 from .protocol import (DescribeRequest, DescribeResult, Envelope, MeasureRequest, MeasureResult, ProtocolError,
                        TraceRequest, TraceResult)
@@ -105,9 +104,16 @@ def _trace(request: TraceRequest, events: _Events) -> TraceResult:
         tf.config.threading.set_inter_op_parallelism_threads(1)
 
     start = time.monotonic()
-    model = workload.build_model()
-    traced = trace_train_step(model, workload.loss_fn, workload.make_optimizer(), workload.x_spec(),
-                              workload.y_spec(), batch_size=workload.default_batch, name=workload.name)
+    make_args = None
+    if workload.form == "step":
+        model = workload.build_model()
+        traced = trace_train_step(model, workload.loss_fn, workload.make_optimizer(), workload.x_spec(),
+                                  workload.y_spec(), batch_size=workload.default_batch, name=workload.name)
+    else:  # the user's fit or step (`tuner.programs`)
+        from tuner.programs import trace_program
+
+        graph, concrete, make_args = trace_program(workload, workload.default_batch)
+        traced = (graph, concrete)
     graph = traced[0]
     graph.lint()
     doc = {"schema": "tuner.graph", "schema_version": 1, "key": dict(request.key),
@@ -115,7 +121,8 @@ def _trace(request: TraceRequest, events: _Events) -> TraceResult:
            "trace_s": round(time.monotonic() - start, 3), "graph": graph.to_dict()}
     if request.profile_batches:
         peaks: dict[int, int] = {}
-        doc["op_costs"] = _profile(traced[1], workload, list(request.profile_batches), events, peaks)
+        doc["op_costs"] = _profile(traced[1], workload, list(request.profile_batches), events, peaks,
+                                   make_args=make_args)
         if doc["op_costs"] and len(peaks) >= 2:
             # the plain step's allocator peaks (TF's order, one inter-op thread, as the emulated trials run):
             # where the no-LMS baseline's bracket of fresh processes starts (`tuner.bracket.start_from_peaks`)
@@ -126,7 +133,7 @@ def _trace(request: TraceRequest, events: _Events) -> TraceResult:
 
 
 def _profile(step: Any, workload: Any, batches: list[int], events: _Events,
-             peaks: dict[int, int] | None = None) -> dict[str, Any] | None:
+             peaks: dict[int, int] | None = None, *, make_args: Any = None) -> dict[str, Any] | None:
     """Per-op times of the traced step on this CPU (`lms.tf.profile`), or None if profiling failed.
 
     At ``batches`` when two are given (the search's default: fixed batches, so
@@ -141,9 +148,11 @@ def _profile(step: Any, workload: Any, batches: list[int], events: _Events,
 
     from lms.tf.profile import profile_batches, profile_op_costs
 
-    def make_args(batch: int) -> tuple[Any, Any]:
+    def step_args(batch: int) -> tuple[Any, Any]:
         x, y = workload.make_batch(batch, 0)
         return tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+
+    make_args = make_args or step_args
 
     start = time.monotonic()
     try:
@@ -175,7 +184,9 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
         os.environ.setdefault(HOST_LIMIT_ENV, str(max(1, request.host_memory_limit_bytes >> 20)))
     tf = import_tensorflow()
 
-    problem = backend.configure_tensorflow(tf, memory_limit_bytes=request.device_memory_limit_bytes)
+    program = workload.form != "step"  # the user's fit or step: their executor, threads and fixed batch
+    problem = backend.configure_tensorflow(tf, memory_limit_bytes=request.device_memory_limit_bytes,
+                                           user_program=program)
     if problem:
         return MeasureResult(status="error", reason=problem)
     import lms
@@ -183,21 +194,34 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
     from lms.tf.train import make_train_step
 
     device = backend.tf_device
-    model = workload.build_model()
-    step = make_train_step(model, workload.loss_fn, workload.make_optimizer())
-    # One trace serves every probed batch: the batch dim is left unknown (the plan does not depend on it).
-    # autograph=False: make_train_step has no tensor-dependent Python control flow, so AutoGraph has
-    # nothing to convert (and an AutoGraph-converted planner was once 10x slower on ResNet-50).
-    fn = lms.function(step, config=config, emulate=backend.emulate, bandwidth=request.bandwidth,
-                      input_signature=[workload.x_spec(), workload.y_spec()], autograph=False)
     seed = request.seed
     usable = request.usable_bytes
     timings: dict[int, Any] = {}
+    run: Any
+    if workload.form == "fit":
+        from tuner.programs import fit_runner
 
-    def run(batch: int, *, warmup: int, steps: int, stop_after: Any = None) -> Any:
-        data = device_batch(workload.make_batch(batch, seed), device)  # one copy in the device's memory
-        return measure_step(fn, [data], warmup=warmup, steps=steps, device=device,
-                            executor=backend.executor, stop_after=stop_after)
+        run = fit_runner(workload, config, emulate=backend.emulate, bandwidth=request.bandwidth, device=device,
+                         seed=seed)
+        fn = run.lms_state
+    elif workload.form == "train_step":
+        from tuner.programs import step_runner
+
+        fn, run = step_runner(workload, config, emulate=backend.emulate, bandwidth=request.bandwidth,
+                              device=device, seed=seed)
+    else:
+        model = workload.build_model()
+        step = make_train_step(model, workload.loss_fn, workload.make_optimizer())
+        # One trace serves every probed batch: the batch dim is left unknown (the plan does not depend on it).
+        # autograph=False: make_train_step has no tensor-dependent Python control flow, so AutoGraph has
+        # nothing to convert (and an AutoGraph-converted planner was once 10x slower on ResNet-50).
+        fn = lms.function(step, config=config, emulate=backend.emulate, bandwidth=request.bandwidth,
+                          input_signature=[workload.x_spec(), workload.y_spec()], autograph=False)
+
+        def run(batch: int, *, warmup: int, steps: int, stop_after: Any = None) -> Any:
+            data = device_batch(workload.make_batch(batch, seed), device)  # one copy in the device's memory
+            return measure_step(fn, [data], warmup=warmup, steps=steps, device=device,
+                                executor=backend.executor, stop_after=stop_after)
 
     def probe(batch: int) -> Measurement:
         events.emit("probe_start", batch=batch)
@@ -306,50 +330,6 @@ def _measure_fixed(request: MeasureRequest, run: Any, events: _Events, *, backen
                          step_times_s=tuple(float(t) for t in m.step_times_s), **out)
 
 
-def _fake_fault(fault: str, request: MeasureRequest, events: _Events) -> MeasureResult:
-    """Test-only (`FAULT_ENV`): act out `fault` instead of measuring; no TensorFlow."""
-    events.emit("fault", kind=fault)
-    if fault == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if fault in ("hang", "die"):  # "die": the parent kills itself; a worker that outlived it would finish
-        time.sleep(3600)
-    if fault == "hangonce" and events.path is not None:  # the trial's first process hangs, the next one is "ok"
-        marker = Path(events.path).with_name("hung-once")
-        if not marker.exists():
-            marker.touch()
-            time.sleep(3600)
-    if fault == "raise":
-        raise RuntimeError("injected fault: the model code raised")
-    if fault == "oom":
-        return MeasureResult(status="oom", reason="batch 1 does not fit: out of memory (injected fault)")
-    batch = max(1, request.start_batch)  # "ok", "rofs", "smaller", "fitsN": a synthetic result
-    if fault == "smaller":
-        batch = max(1, batch * 3 // 4)
-    if fault.startswith("path") and not request.fixed_batch:  # the probes fit, the timed runs after them do not
-        return MeasureResult(status="infeasible", batch_size=0, throughput=0.0, peak_source="tf-bfc-cpu",
-                             search={"batch": batch, "peak_bytes": request.usable_bytes, "converged": True,
-                                     "probes": [{"batch": batch, "fits": True, "peak_bytes": request.usable_bytes,
-                                                 "oom": False}]},
-                             reason="the batches found by the search did not fit on their timed runs",
-                             injected_fault=fault)
-    if fault.startswith(("fits", "path")):  # peak = usable * batch / N
-        limit = int(fault[4:])
-        batch = batch if request.fixed_batch else min(batch, limit)  # a search finds N
-        peak = request.usable_bytes * batch // limit
-        if batch > limit:
-            return MeasureResult(status="infeasible", batch_size=0, throughput=0.0, peak_device_bytes=peak,
-                                 peak_source="tf-bfc-cpu", fits_budget=False, injected_fault=fault,
-                                 reason=f"batch {batch} does not fit (injected fault {fault})")
-        return MeasureResult(status="ok", batch_size=batch, throughput=100.0 + batch,
-                             step_time_median_s=batch / (100.0 + batch), step_time_spread_s=0.0,
-                             peak_device_bytes=peak, peak_source="tf-bfc-cpu", fits_budget=True,
-                             injected_fault=fault)
-    return MeasureResult(status="ok", batch_size=batch, throughput=100.0 + batch,
-                         step_time_median_s=batch / (100.0 + batch), step_time_spread_s=0.0,
-                         peak_device_bytes=request.usable_bytes // 2, peak_source="tf-bfc-cpu", fits_budget=True,
-                         injected_fault=fault)
-
-
 def lms_summary_record(fn: Any) -> dict[str, Any]:
     """What a trial records of the LMS its step ran with: counts, whether the memory schedule ran exactly, and
     what the equivalence check corrected (`tuner.records.corrections_summary`)."""
@@ -417,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         elif isinstance(request, TraceRequest):
             result = _trace(request, events)
         else:
-            result = _fake_fault(fault, request, events) if fault else _measure(request, events)
+            result = act_out(fault, request, events) if fault else _measure(request, events)
     except BadInput as exc:
         result = _RESULT_OF[request.mode](status="bad_input", reason=str(exc))
     except Exception as exc:

@@ -165,10 +165,13 @@ class Backend:
         raise NotImplementedError
 
     # ---- worker side (TensorFlow imported by the caller) ----------------------------------------------
-    def configure_tensorflow(self, tf: Any, *, memory_limit_bytes: int | None = None) -> str:
+    def configure_tensorflow(self, tf: Any, *, memory_limit_bytes: int | None = None,
+                             user_program: bool = False) -> str:
         """Set TensorFlow up before the model is built; a reason when it cannot run here, else "".
 
         `memory_limit_bytes`: the request's device memory limit (`worker_limits`; None: none).
+        `user_program`: the trial runs the user's own ``fit`` or step (`tuner.programs`): TensorFlow's
+        executor and threads stay as the user's run has them.
         """
         return ""
 

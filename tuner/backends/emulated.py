@@ -63,7 +63,10 @@ class EmulatedBackend(MeasuredBackend):
                 "memory is real but transfer times are those of this machine's memory system (or a set "
                 "bandwidth), not a device link.")
 
-    def configure_tensorflow(self, tf: Any, *, memory_limit_bytes: int | None = None) -> str:
+    def configure_tensorflow(self, tf: Any, *, memory_limit_bytes: int | None = None,
+                             user_program: bool = False) -> str:
+        if user_program:  # measured as the user's run will be: TF's default executor and threads
+            return ""
         # The emulated device runs under TF's single-threaded executor: one op order, fixed when
         # the function is built, the one the simulator's "cpu" profile models, so every step of a
         # trial peaks alike. (Under the default executor the order depends on timing: up to 50%

@@ -147,7 +147,8 @@ class GpuBackend(MeasuredBackend):
         return {"device_memory_limit_bytes": settings.budget_bytes,
                 "host_memory_limit_bytes": worker_host_limit_bytes(settings, share)}
 
-    def configure_tensorflow(self, tf: Any, *, memory_limit_bytes: int | None = None) -> str:
+    def configure_tensorflow(self, tf: Any, *, memory_limit_bytes: int | None = None,
+                             user_program: bool = False) -> str:
         from ..gpus import NO_GPU_REASON
 
         found = tf.config.list_physical_devices("GPU")
