@@ -300,14 +300,16 @@ def _add_search(sub: Any) -> None:
     p.add_argument("--workers", type=_positive_int, default=1, metavar="N",
                    help="trial workers in parallel: gpu backend: one on each of GPUs 0..N-1 (same as --gpus); "
                         "emulated: N on the CPU, whose timings then interfere (default: %(default)s)")
-    p.add_argument("--confirm", type=_int_at_least(0, 10), default=2, metavar="N",
+    p.add_argument("--confirm", type=_int_at_least(0, 10), default=None, metavar="N",
                    help="gpu/emulated, largest-batch searches: measure each trial with one batch per fresh "
                         "process (as a training run starts; a batch's peak depends on the batches run before it "
                         "in a process), bracketing its largest batch from the simulator's (the no-LMS baseline on the "
                         "emulated device: from its measured peaks), then run the "
                         "recommended config and the no-LMS baseline again, in turn, until each batch fitted in "
                         "N processes; recommended.json says whether that finished (\"confirmed\"). 0: a trial "
-                        "searches in one process instead, nothing is confirmed (default: %(default)s)")
+                        "searches in one process instead, nothing is confirmed (default: 2; 5 for a model's "
+                        "own fit or train_step, whose peaks differ from process to process under TF's default "
+                        "executor)")
     p.add_argument("--json", action="store_true", help="print recommended.json to stdout instead of a summary")
     p.add_argument("--reports-dir", type=_folder, default=Path("reports"), metavar="DIR",
                    help="where the HTML report is written at the end (default: reports/<study>/)")

@@ -118,7 +118,8 @@ def build_search_settings(args: argparse.Namespace) -> Any:
         trial_timeout_s=args.trial_timeout, seed=args.seed, steps=args.steps, warmup=args.warmup,
         safety_margin=args.safety_margin, max_batch=args.max_batch, sampler=args.sampler, prefer=args.prefer,
         min_throughput_ratio=args.min_throughput_ratio, gpu=args.gpu, gpus=chosen.gpus, workers=chosen.workers,
-        batch=args.batch, grow=args.grow, confirm=args.confirm, workload=desc, notes=tuple(notes),
+        batch=args.batch, grow=args.grow, confirm=default_confirm(args.confirm, desc), workload=desc,
+        notes=tuple(notes),
         host_budget_bytes=host_budget, host_budget_source=host_source, budget_from_batch=args.budget_from_batch)
     problem = _claim_problem(settings)
     if problem:
@@ -156,3 +157,17 @@ def _sqlite_header(path: Path | None) -> bytes:
             return fh.read(16)
     except (OSError, TypeError):
         return b"?"
+
+
+#: ``--confirm``'s default: the tuner's own step runs under the single-threaded executor; a program's own ``fit``
+#: or step under TF's default one, whose peaks jump between processes (keras.io's DCGAN under fit at batch 8:
+#: 37.9-43.9 MiB in 5 fresh processes, MEASURED 2026-12-05), so its batch must fit in more of them.
+CONFIRM = 2
+PROGRAM_CONFIRM = 5
+
+
+def default_confirm(given: int | None, workload: dict) -> int:
+    """``--confirm``'s value: as given, else `PROGRAM_CONFIRM` for a program workload (`tuner.programs`), else `CONFIRM`."""
+    if given is not None:
+        return given
+    return PROGRAM_CONFIRM if workload.get("form", "step") != "step" else CONFIRM
