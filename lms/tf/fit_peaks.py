@@ -10,8 +10,8 @@ arriving through a ``tf.data`` iterator inside the step, TF's default executor.
 ``config="auto"`` (the budget it chose for) or a tuner recommendation loaded
 from ``recommended.json`` (the budget it was tuned for). After the second step
 (the first one traces and plans) the measured peak is compared with the budget;
-above it, a WARNING names the batch that would fit (at most, scaling the peak
-with the batch) and how to confirm it. The same check `lms.function` runs for
+above it, a WARNING names about the batch that would fit (the step's bytes
+above those in use before it, scaled with the batch) and how to tune the program. The same check `lms.function` runs for
 ``config="auto"`` (`lms.tf.auto.PeakCheck`), for ``fit``.
 
 A callback that reads each step's end makes Keras call the callbacks
@@ -58,9 +58,11 @@ class StepPeaks(keras.callbacks.Callback):
         self.on_gpu = self.device.upper().startswith("GPU")
         self.on_step = on_step
         self.peaks: list[int] = []
+        self.in_use: list[int] = []  # bytes in use as each step began (variables, optimizer state, other tensors)
         self.times: list[float] = []
         self.available = True
         self._start: float | None = None
+        self._in_use = 0
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         if not self.available:
@@ -73,6 +75,7 @@ class StepPeaks(keras.callbacks.Callback):
             log.debug("no allocator statistic on %s (%s): fit's peaks are not read", self.device, exc)
             self.available = False
             return
+        self._in_use = int(tf.config.experimental.get_memory_info(self.device)["current"])
         self._start = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
@@ -81,20 +84,23 @@ class StepPeaks(keras.callbacks.Callback):
         synchronise(logs, on_gpu=self.on_gpu)
         self.times.append(time.perf_counter() - self._start)
         self.peaks.append(int(tf.config.experimental.get_memory_info(self.device)["peak"]))
+        self.in_use.append(self._in_use)
         self._start = None
         if self.on_step is not None:
             self.on_step(len(self.peaks), self.peaks[-1])
 
 
-def batch_that_fits(batch: int, peak_bytes: int, budget_bytes: int) -> int:
-    """The largest batch whose peak, scaled from `peak_bytes` at `batch` in proportion, stays within the budget.
+def batch_that_fits(batch: int, peak_bytes: int, budget_bytes: int, in_use_bytes: int = 0) -> int:
+    """The largest batch whose peak stays within the budget, the step's own bytes (`peak_bytes` less the
+    `in_use_bytes` held as the step began: variables, optimizer state, other tensors) scaled with the batch.
 
-    An upper estimate: the part of the peak that does not grow with the batch (variables, optimizer
-    state) is scaled too, so the batch returned may still be a little over; 0 when not even batch 1 would.
+    An estimate: a step's bytes are not all proportional to the batch (workspaces, the allocator's
+    rounding), so the batch returned can be a little over; 0 when not even batch 1 would fit.
     """
-    if peak_bytes <= 0:
+    step = peak_bytes - in_use_bytes
+    if step <= 0:
         return batch
-    return max(0, batch * budget_bytes // peak_bytes)
+    return max(0, batch * (budget_bytes - in_use_bytes) // step)
 
 
 class FitPeakCheck(StepPeaks):
@@ -132,9 +138,11 @@ class FitPeakCheck(StepPeaks):
             return
         hint = ""
         if batch:
-            fits = batch_that_fits(batch, peak, budget)
-            hint = (f"; at most batch {fits} would fit (the peak scaled with the batch)" if fits else
-                    "; not even batch 1 would fit by scaling the peak")
+            in_use = self.in_use[-1] if self.in_use else 0
+            fits = batch_that_fits(batch, peak, budget, in_use)
+            hint = (f"; about batch {fits} would fit (the step's bytes above the {format_size(in_use)} in use "
+                    f"before it, scaled with the batch)" if fits else
+                    f"; not even batch 1 would fit ({format_size(in_use)} were in use before the step)")
         log.warning("LMS: %s peaked at %s on %s (TF's allocator, step %d of fit) at batch %s, above %s%s. Tune the "
                     "program itself: python -m tuner search --model your_module:make_workload with "
                     "Workload(fit_model=...) (docs/tuner.md)", self.owner, format_size(peak), self.device, step,

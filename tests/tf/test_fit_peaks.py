@@ -51,7 +51,9 @@ def test_auto_under_fit_warns_when_the_measured_peak_is_over_its_budget(caplog) 
     assert roomy.lms.summary.auto.label == "no LMS" and roomy.lms.peak_check.over_budget is False
     # 10% above that prediction auto still chooses no LMS; fit's own step (Keras' train function, the batch made
     # by the pipeline inside it) peaks higher than the simulator's trace of the step (4.7-8.7 MiB against 3.4)
-    budget = int(predicted * 1.1)
+    # the allocator is the process's: what other tests left in it counts in fit's peak, not in the simulator's
+    gc.collect()
+    budget = int(predicted * 1.1) + int(tf.config.experimental.get_memory_info("CPU:0")["current"])
     model = lms.enable_lms(_model(), "auto", budget=budget)
     with caplog.at_level(logging.INFO):
         _fit(model)
@@ -61,7 +63,8 @@ def test_auto_under_fit_warns_when_the_measured_peak_is_over_its_budget(caplog) 
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "fit_peaks" in r.name]
     assert len(warnings) == 1, warnings
     assert "step 2 of fit) at batch 16, above the" in warnings[0] and "budget config='auto' chose for" in warnings[0]
-    assert f"at most batch {batch_that_fits(16, check.measured_peak_bytes, budget)} would fit" in warnings[0]
+    fits = batch_that_fits(16, check.measured_peak_bytes, budget, check.in_use[1])
+    assert 1 <= fits < 16 and f"about batch {fits} would fit (the step's bytes above the" in warnings[0]
 
 
 def _recommendation(tmp_path: Path, *, usable: int, program: str) -> Path:
@@ -90,7 +93,7 @@ def test_a_recommendation_under_fit_is_checked_against_the_budget_it_was_tuned_t
     with caplog.at_level(logging.INFO):
         _fit(model)
     assert model.lms.peak_check.over_budget is False
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("lms")]
 
 
 def test_a_recommendation_measured_in_another_program_is_named_when_used(tmp_path: Path, caplog) -> None:
@@ -101,6 +104,14 @@ def test_a_recommendation_measured_in_another_program_is_named_when_used(tmp_pat
     said = [r.getMessage() for r in caplog.records if "this config was tuned for batch 16" in r.getMessage()]
     assert len(said) == 2 and "measured under the tuner's step" in said[0] and "not model.fit" in said[0]
     assert "not lms.function" in said[1]
+
+
+def test_the_batch_that_fits_scales_only_the_step_s_own_bytes() -> None:
+    # 100 MiB in use before the step (weights, optimizer state), the step adds 50 MiB at batch 10
+    assert batch_that_fits(10, 150 * MiB, 125 * MiB, 100 * MiB) == 5
+    assert batch_that_fits(10, 150 * MiB, 250 * MiB, 100 * MiB) == 30
+    assert batch_that_fits(10, 150 * MiB, 99 * MiB, 100 * MiB) == 0     # the budget is gone before the step
+    assert batch_that_fits(10, 150 * MiB, 125 * MiB) == 8              # nothing known in use: the whole peak scales
 
 
 def test_without_a_budget_fit_gets_no_extra_callback() -> None:
