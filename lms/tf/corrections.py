@@ -290,10 +290,18 @@ def _drop_recompute(graph: tf.Graph, plan: SwapPlan, r: Recompute, corrections: 
     plan = _replace_recompute(plan, r.tensor, None)
     gone = {g.name for g in r.gates} | {c.name for c in r.clones}
     swaps = []
+    # a swap-in triggered by a dropped clone or gate (they run no more) waits for the recompute's own trigger,
+    # which ran before them; without one it waits for nothing
+    earlier = r.trigger if r.trigger is not None and r.trigger not in gone else None
     for s in plan.swaps:  # swap-ins that served the dropped gates and clones have no reader left
         ins = []
         for si in s.swap_ins:
             consumers = tuple(c for c in si.consumers if c not in gone)
+            if consumers and si.trigger in gone:
+                _set_trigger(_swap_in_ops(graph, si.name, s.swap_out), si.trigger,
+                             graph.get_operation_by_name(earlier) if earlier is not None else None)
+                si = dataclasses.replace(si, trigger=earlier,
+                                         strategy=f"{si.strategy}+its trigger's recompute dropped by the check")
             if consumers:
                 ins.append(dataclasses.replace(si, consumers=consumers))
             else:

@@ -10,8 +10,8 @@ pair really takes the bytes out of TF's allocator (the one
     (fwd) -> t --> [<out>: numpy_function]   copies t into an aligned numpy buffer;
                          |                   its output wraps that buffer (zero-copy,
                          v                   outside TF's allocator)
-                   [<out>/shaped]            EnsureShape (or Reshape to Shape(t)): the
-                         |                   shape, for Grappler
+                   [<out>/shaped]            Reshape to Shape(Identity(t)): t's shape,
+                         |                   as far as Grappler knows it
                          v
                    [<in>/transfer]           only with a bandwidth: numpy_function that
                          |                   sleeps nbytes/bandwidth and hands the buffer on
@@ -29,9 +29,17 @@ Design:
 - A numpy_function's output shape is unknown to Grappler, which would then
   optimize the readers differently from the graph without LMS (seen: a
   Conv2D+BiasAdd+Add fusion not made, results off in the last bit). So the
-  swap-out's output goes through ``EnsureShape`` (static shape) or ``Reshape``
-  to ``Shape(t)`` (unknown dims, tied to ``t``'s): both forward the buffer,
-  no copy, no allocation.
+  swap-out's output goes through a ``Reshape`` to ``Shape(Identity(t))``
+  (forwards the buffer, no copy, no allocation): Grappler knows of it exactly
+  what it knows of ``t``, no less and no more. Not Python's static shape
+  (``EnsureShape``): Grappler can know less, e.g. nothing of what an
+  XLA-compiled function call returns (a grouped ``Conv2D``: Grappler fails to
+  instantiate the function), and with a swap-in of known shape it removed the
+  gradients' no-op ``Reshape``s below a ConvNeXt block's grouped convolution
+  with LMS only. Not ``Shape(t)``: where the shape is known, constant folding
+  makes it a constant with a control edge from ``t``'s op, and that edge stops
+  the remapper's fusions of the op (``Conv2D`` + ``BiasAdd``); it goes from the
+  identity instead.
 - Swap-in is ``tf.raw_ops.Snapshot``, which allocates the device copy in TF's
   allocator, as a host-to-device transfer would (it could only forward a buffer
   TF owns; the host copy is numpy's). It is stateless, like the swap-out: a
@@ -124,6 +132,15 @@ def _check_bandwidth(bandwidth: float | None) -> None:
         raise ValueError(f"bandwidth={bandwidth!r}: must be a positive number of bytes/s or None")
 
 
+def _shape_of(t: tf.Tensor, *, name: str) -> tf.Tensor:
+    """``Shape(Identity(t))``: the shape of `t` exactly as far as Grappler knows it (module docstring).
+
+    A ``Shape`` op even where Python knows the shape (``tf.shape`` would make it a constant here).
+    """
+    like = tf.raw_ops.Identity(input=t, name=f"{name}/like")
+    return tf.raw_ops.Shape(input=like, name=f"{name}/shape")
+
+
 def emulated_swap_out(t: tf.Tensor, *, name: str, bandwidth: float | None = None) -> tf.Tensor:
     """Copy `t` into host memory outside TF's allocator; return a tensor wrapping the copy.
 
@@ -145,10 +162,7 @@ def emulated_swap_out(t: tf.Tensor, *, name: str, bandwidth: float | None = None
         return host
 
     copied = tf.numpy_function(_to_host, [t], t.dtype, stateful=False, name=name)
-    if t.shape.is_fully_defined():
-        h = tf.ensure_shape(copied, t.shape, name=f"{name}/shaped")
-    else:  # Shape(t): Grappler ties the unknown dims to t's own
-        h = tf.reshape(copied, tf.shape(t, name=f"{name}/shape"), name=f"{name}/shaped")
+    h = tf.reshape(copied, _shape_of(t, name=name), name=f"{name}/shaped")
     h.set_shape(t.shape)
     return h
 
@@ -179,10 +193,7 @@ def emulated_swap_in(h: tf.Tensor, *, like: tf.Tensor, name: str,
             return array
 
         moved = tf.numpy_function(_from_host, [h], h.dtype, stateful=False, name=f"{name}/transfer")
-        if like.shape.is_fully_defined():
-            h = tf.ensure_shape(moved, like.shape, name=f"{name}/shaped")
-        else:
-            h = tf.reshape(moved, tf.shape(h, name=f"{name}/shape"), name=f"{name}/shaped")
+        h = tf.reshape(moved, tf.raw_ops.Shape(input=h, name=f"{name}/shape"), name=f"{name}/shaped")
     out = tf.raw_ops.Snapshot(input=h, name=name)
     out.set_shape(like.shape)
     return out

@@ -98,6 +98,27 @@ def vit_mlp():
     return step, (x, y)
 
 
+def convnext_block():
+    """A ConvNeXt block whose depthwise convolution is a grouped ``Conv2D``: Keras runs it as an XLA-compiled
+    function call, whose outputs' shapes Grappler does not know (Python does)."""
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((32, 32, 3))
+    x = keras.layers.Conv2D(16, 4, strides=4)(inp)
+    h = keras.layers.Conv2D(16, 7, padding="same", groups=16)(x)
+    h = keras.layers.Dense(16)(keras.layers.Dense(64, activation="gelu")(keras.layers.LayerNormalization()(h)))
+    m = keras.Model(inp, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(keras.layers.Add()([x, h]))))
+    x = np.random.default_rng(0).normal(size=(8, 32, 32, 3)).astype("float32")
+    y = np.arange(8) % 10
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, m(x, training=True))
+        return tape.gradient(loss, m.trainable_variables)
+
+    return step, (x, y)
+
+
 def _differing(step, args, fn) -> list[int]:
     expected = tf.function(step)(*args)
     got = fn(*args)
@@ -333,3 +354,45 @@ def test_an_overlapping_maxpool_output_keeps_its_direct_edge_to_the_maxpool_grad
     assert _differing(step, (x, y), fn) == []
     assert fn.summary.n_swapped == 0 and fn.summary.corrections == ()  # avoided by the planner, not corrected
     assert any("workspace" in k.reason for k in fn.plan.skipped)
+
+
+@pytest.mark.parametrize("emulate", [True, False], ids=["emulated", "device"])
+def test_swap_ops_tell_grappler_no_more_of_a_shape_than_it_knows(emulate):
+    """Emulated swap-outs once put Python's static shape back (EnsureShape): below the grouped convolution
+    Grappler then knew the swap-ins' shapes but not the originals', removed the gradients' no-op Reshapes
+    with LMS only, and the check dropped every swap."""
+    step, args = convnext_block()
+    fn = lms.function(step, config=lms.LMSConfig(n_tensors=-1, lb=1), emulate=emulate)
+    assert _differing(step, args, fn) == []
+    assert fn.summary.corrections == ()
+    assert any("layer_normalization" in s.tensor for s in fn.summary.swapped)
+
+
+def test_a_swap_in_triggered_by_a_dropped_recompute_s_clone_waits_for_the_recompute_s_trigger(monkeypatch):
+    """Fused swap-ins can wait for a recompute's clone; when the check dropped that recompute the swap-in kept
+    the clone as its trigger, and the step failed to trace (PlanError: unknown trigger op, seen on a ConvNeXt
+    block with ``recompute="cheap", fuse_swapins=True`` before the swap ops' shape fix)."""
+    from lms.tf import corrections as corrections_module
+    from lms.tf.equivalence import EquivalenceResult
+
+    dropped = []
+
+    def drop_the_triggering_recompute(graph, plain_def, model, plan, **kwargs):
+        clones = {c.name: r for r in plan.recompute.recomputes for c in r.clones}
+        triggered = [(si, clones[si.trigger]) for s in plan.swaps for si in s.swap_ins if si.trigger in clones]
+        assert triggered, "no swap-in waits for a clone: the premise of this test is gone"
+        si, r = triggered[0]
+        fixes: list = []
+        new = corrections_module._drop_recompute(graph, plan, r, fixes, "planted")  # noqa: SLF001
+        dropped.append((si.name, r))
+        return EquivalenceResult(plan=new, corrections=tuple(fixes), rounds=1)
+
+    monkeypatch.setattr(lms.tf.rewriter, "ensure_equivalent", drop_the_triggering_recompute)
+    step, args = convnext_block()
+    fn = lms.function(step, config=lms.LMSConfig(recompute="cheap", fuse_swapins=True), emulate=True)
+    assert _differing(step, args, fn) == []
+    (name, r), = dropped
+    (si,) = [i for s in fn.plan.swaps for i in s.swap_ins if i.name == name]
+    assert si.trigger == r.trigger and si.trigger is not None
+    assert si.strategy.endswith("+its trigger's recompute dropped by the check")
+    assert r.tensor not in fn.summary.recomputed

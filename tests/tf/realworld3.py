@@ -1,0 +1,201 @@
+"""Real-world training patterns, round three (issue 55): the patterns the held-out check found bitwise, kept.
+
+Each is a program a user writes, at tiny sizes: mixed precision under ``fit``
+(``mixed_float16`` policy, Keras' automatic ``LossScaleOptimizer``), ``fit`` with
+``steps_per_execution=4`` on a ``tf.data`` pipeline, gradient accumulation over
+micro-batches in a custom loop (accumulator variables, ``assign_add``, one
+apply), a functional model with two inputs and two outputs and loss weights, a
+text transformer with a padding mask (``Embedding(mask_zero=True)`` into
+``MultiHeadAttention``), and ConvNeXt's block as ``keras.applications.convnext``
+writes it (a grouped ``Conv2D(dim, 7, groups=dim)``, not a depthwise one).
+Each runs under every configuration class of `tests.tf.realworld2.CONFIGS`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.tf.realworld import K_STEPS, Fit, Loop
+
+
+def _tf():
+    import keras
+    import tensorflow as tf
+
+    return tf, keras
+
+
+def _opt_vars(*optimizers):
+    return [v for o in optimizers for v in o.variables]
+
+
+# ---- custom training loops --------------------------------------------------------------
+
+def gradient_accumulation() -> Loop:
+    """Two micro-batches per step, gradients summed into accumulator variables, one Adam apply."""
+    tf, keras = _tf()
+    keras.utils.set_random_seed(41)
+    model = keras.Sequential([keras.Input((6, 6, 2)), keras.layers.Conv2D(4, 3, padding="same", activation="relu"),
+                              keras.layers.Flatten(), keras.layers.Dense(8, activation="tanh"),
+                              keras.layers.Dense(3)], name="accum")
+    opt = keras.optimizers.Adam(1e-2)
+    opt.build(model.trainable_variables)
+    accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in model.trainable_variables]
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    rng = np.random.default_rng(41)
+    x = rng.standard_normal((4, 6, 6, 2)).astype("float32")
+    y = rng.integers(0, 3, (4,)).astype("int32")
+
+    def step(x, y):
+        total = 0.0
+        for i in range(2):  # micro-batches of 2
+            xs, ys = x[2 * i: 2 * i + 2], y[2 * i: 2 * i + 2]
+            with tf.GradientTape() as tape:
+                loss = loss_fn(ys, model(xs, training=True))
+            for acc, g in zip(accumulators, tape.gradient(loss, model.trainable_variables)):
+                acc.assign_add(g)
+            total += loss
+        opt.apply_gradients(zip([a / 2.0 for a in accumulators], model.trainable_variables))
+        for acc in accumulators:
+            acc.assign(tf.zeros_like(acc))
+        return total / 2.0
+
+    return Loop("gradient_accumulation", step, (x, y), model.weights + _opt_vars(opt) + accumulators)
+
+
+def convnext_grouped() -> Loop:
+    """ConvNeXt's block as `keras.applications.convnext` builds it: a grouped 7x7 ``Conv2D``, LayerNorm, GELU
+    MLP, residual; AdamW."""
+    tf, keras = _tf()
+    keras.utils.set_random_seed(42)
+    dim = 8
+    inp = keras.Input((16, 16, 3))
+    x = keras.layers.Conv2D(dim, 4, strides=4)(inp)
+    h = keras.layers.Conv2D(dim, 7, padding="same", groups=dim)(x)
+    h = keras.layers.LayerNormalization(epsilon=1e-6)(h)
+    h = keras.layers.Dense(dim)(keras.layers.Dense(4 * dim, activation="gelu")(h))
+    x = keras.layers.Add()([x, h])
+    model = keras.Model(inp, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(x)), name="convnext_g")
+    opt = keras.optimizers.AdamW(1e-3, weight_decay=0.05)
+    opt.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    rng = np.random.default_rng(42)
+    x = rng.standard_normal((3, 16, 16, 3)).astype("float32")
+    y = rng.integers(0, 3, (3,)).astype("int32")
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    return Loop("convnext_grouped", step, (x, y), model.weights + _opt_vars(opt))
+
+
+LOOPS = {f.__name__: f for f in (gradient_accumulation, convnext_grouped)}
+
+
+# ---- Keras fit ----------------------------------------------------------------------------
+
+def mixed_precision_fit() -> Fit:
+    """``mixed_float16`` as the global policy while the model is built and compiled (Keras wraps the optimizer
+    in a ``LossScaleOptimizer``), a float32 head."""
+    tf, keras = _tf()
+
+    def build():
+        keras.utils.set_random_seed(43)
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        return keras.Sequential([keras.Input((6, 6, 2)), keras.layers.Conv2D(4, 3, padding="same", activation="relu"),
+                                 keras.layers.Flatten(), keras.layers.Dense(8, activation="relu"),
+                                 keras.layers.Dense(3, dtype="float32")], name="mixed_fit")
+
+    def compile_(model):
+        try:
+            model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+
+    rng = np.random.default_rng(43)
+    x = rng.standard_normal((4, 6, 6, 2)).astype("float32")
+    y = rng.integers(0, 3, (4,)).astype("int32")
+    return Fit("mixed_precision_fit", build, compile_, (x, y), {"batch_size": 4, "epochs": K_STEPS})
+
+
+def steps_per_execution_tf_data() -> Fit:
+    """``compile(steps_per_execution=4)`` and ``fit`` on a batched ``tf.data`` pipeline, BatchNorm, a metric."""
+    tf, keras = _tf()
+
+    def build():
+        keras.utils.set_random_seed(44)
+        return keras.Sequential([keras.Input((6, 6, 2)), keras.layers.Conv2D(4, 3, padding="same"),
+                                 keras.layers.BatchNormalization(), keras.layers.ReLU(),
+                                 keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3)], name="spe4")
+
+    def compile_(model):
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), steps_per_execution=4,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+
+    rng = np.random.default_rng(44)
+    x = rng.standard_normal((16, 6, 6, 2)).astype("float32")
+    y = rng.integers(0, 3, (16,)).astype("int32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(2)
+    return Fit("steps_per_execution_tf_data", build, compile_, (data,), {"epochs": K_STEPS})
+
+
+def two_inputs_two_outputs() -> Fit:
+    """A functional model with an image and a vector input, a class and a regression output, a loss per
+    output and loss weights, a metric on one output."""
+    tf, keras = _tf()
+
+    def build():
+        keras.utils.set_random_seed(45)
+        image, meta = keras.Input((6, 6, 2), name="image"), keras.Input((4,), name="meta")
+        h = keras.layers.Flatten()(keras.layers.Conv2D(4, 3, activation="relu")(image))
+        h = keras.layers.Concatenate()([h, keras.layers.Dense(4, activation="relu")(meta)])
+        h = keras.layers.Dense(8, activation="relu")(h)
+        return keras.Model({"image": image, "meta": meta},
+                           {"cls": keras.layers.Dense(3, name="cls")(h), "reg": keras.layers.Dense(1, name="reg")(h)},
+                           name="two_in_two_out")
+
+    def compile_(model):
+        model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                      loss={"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "reg": "mse"},
+                      loss_weights={"cls": 1.0, "reg": 0.3}, metrics={"cls": ["accuracy"]})
+
+    rng = np.random.default_rng(45)
+    xs = {"image": rng.standard_normal((4, 6, 6, 2)).astype("float32"),
+          "meta": rng.standard_normal((4, 4)).astype("float32")}
+    ys = {"cls": rng.integers(0, 3, (4,)).astype("int32"), "reg": rng.standard_normal((4, 1)).astype("float32")}
+    return Fit("two_inputs_two_outputs", build, compile_, (xs, ys), {"batch_size": 4, "epochs": K_STEPS})
+
+
+def masked_text_transformer() -> Fit:
+    """Token embeddings with ``mask_zero=True`` (padded sequences), a self-attention block that takes the mask,
+    a GELU feed-forward, masked pooling, a classifier."""
+    tf, keras = _tf()
+
+    def build():
+        keras.utils.set_random_seed(46)
+        tokens = keras.Input((10,), dtype="int32")
+        e = keras.layers.Embedding(20, 8, mask_zero=True)(tokens)
+        a = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)(e, e)
+        h = keras.layers.LayerNormalization()(keras.layers.Add()([e, a]))
+        f = keras.layers.Dense(8)(keras.layers.Dense(16, activation="gelu")(h))
+        h = keras.layers.LayerNormalization()(keras.layers.Add()([h, f]))
+        return keras.Model(tokens, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(h)), name="masked")
+
+    def compile_(model):
+        model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+
+    rng = np.random.default_rng(46)
+    x = rng.integers(1, 20, (4, 10)).astype("int32")
+    for row, length in enumerate((10, 7, 4, 2)):
+        x[row, length:] = 0  # padding
+    y = rng.integers(0, 2, (4,)).astype("int32")
+    return Fit("masked_text_transformer", build, compile_, (x, y), {"batch_size": 4, "epochs": K_STEPS})
+
+
+FITS = {f.__name__: f for f in (mixed_precision_fit, steps_per_execution_tf_data, two_inputs_two_outputs,
+                                masked_text_transformer)}
