@@ -125,13 +125,18 @@ def convnext_block() -> Loop:
     h = keras.layers.Dense(4)(keras.layers.Dense(16, activation="gelu")(h))
     h = inp + 0.1 * h
     out = keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(h))
-    model = keras.Model(inp, out, name="convnext")
+    return adamw_classifier_loop("convnext_block", keras.Model(inp, out, name="convnext"), seed=33)
+
+
+def adamw_classifier_loop(name: str, model: Any, *, seed: int, batch: int = 3, classes: int = 3) -> Loop:
+    """A custom loop training `model` (a classifier of `classes` logits) with AdamW on one random batch."""
+    tf, keras = _tf()
     opt = keras.optimizers.AdamW(1e-3, weight_decay=0.05)
     opt.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    rng = np.random.default_rng(33)
-    x = rng.standard_normal((3, 8, 8, 4)).astype("float32")
-    y = rng.integers(0, 3, (3,)).astype("int32")
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, *model.input_shape[1:])).astype("float32")
+    y = rng.integers(0, classes, (batch,)).astype("int32")
 
     def step(x, y):
         with tf.GradientTape() as tape:
@@ -139,7 +144,7 @@ def convnext_block() -> Loop:
         opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
-    return Loop("convnext_block", step, (x, y), model.weights + opt.variables)
+    return Loop(name, step, (x, y), model.weights + opt.variables)
 
 
 def lstm_seq2seq() -> Loop:

@@ -16,17 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from tests.tf.realworld import K_STEPS, Fit, Loop
-
-
-def _tf():
-    import keras
-    import tensorflow as tf
-
-    return tf, keras
-
-
-def _opt_vars(*optimizers):
-    return [v for o in optimizers for v in o.variables]
+from tests.tf.realworld2 import _opt_vars, _tf, adamw_classifier_loop
 
 
 # ---- custom training loops --------------------------------------------------------------
@@ -76,20 +66,7 @@ def convnext_grouped() -> Loop:
     h = keras.layers.Dense(dim)(keras.layers.Dense(4 * dim, activation="gelu")(h))
     x = keras.layers.Add()([x, h])
     model = keras.Model(inp, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(x)), name="convnext_g")
-    opt = keras.optimizers.AdamW(1e-3, weight_decay=0.05)
-    opt.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    rng = np.random.default_rng(42)
-    x = rng.standard_normal((3, 16, 16, 3)).astype("float32")
-    y = rng.integers(0, 3, (3,)).astype("int32")
-
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    return Loop("convnext_grouped", step, (x, y), model.weights + _opt_vars(opt))
+    return adamw_classifier_loop("convnext_grouped", model, seed=42)
 
 
 LOOPS = {f.__name__: f for f in (gradient_accumulation, convnext_grouped)}
