@@ -324,7 +324,7 @@ def evaluate_row(graph: Graph, spec: RowSpec, *, devices: Sequence[str | DeviceP
     errors: list[dict[str, Any]] = []
     for config in configs:  # config outer, device inner: one compiled graph per plan
         try:
-            plan = plan_swaps(graph, config)
+            plan = plan_swaps(graph, config, kernels="gpu")  # every profile here is a GPU
             plan.validate(graph)
         except ValueError as exc:  # GraphError is a ValueError
             errors.append({"config": config.to_dict(), "error": f"{type(exc).__name__}: {exc}"})

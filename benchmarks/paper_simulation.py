@@ -101,7 +101,7 @@ def run(graph: Graph, configs: list[LMSConfig], *, device_name: str, budget: int
     rows = []
     plans = {}
     for config in configs:
-        plans[config] = plan_swaps(graph, config)
+        plans[config] = plan_swaps(graph, config, kernels=device.kernels)
         try:
             m = max_batch(graph, plans[config], budget, **kw)
         except InfeasibleBudget as exc:  # pragma: no cover - 16 GiB always fits batch 1

@@ -110,7 +110,7 @@ def plans_for(graph, configs) -> dict[LMSConfig, Any]:
     plans = {}
     for c in configs:
         try:
-            plans[c] = plan_swaps(graph, c)
+            plans[c] = plan_swaps(graph, c, kernels="gpu")  # every profile here is a GPU
             plans[c].validate(graph)
         except ValueError as exc:
             print(f"  skipped {_short(c)}: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -57,7 +57,7 @@ def grid() -> list[dict[str, Any]]:
 
 
 def _outcome(graph, config: LMSConfig, budget: int, device, base_throughput: float) -> dict[str, Any]:
-    plan = plan_swaps(graph, config)
+    plan = plan_swaps(graph, config, kernels=device.kernels)
     plan.validate(graph)
     try:
         m = max_batch(graph, plan, budget, device=device)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.paper import ROWS, load_graph  # noqa: E402
-from lms import LMSConfig, plan_swaps  # noqa: E402
+from lms import LMSConfig  # noqa: E402
 from lms.config import atomic_write_text  # noqa: E402
 from lms.simulator import max_batch  # noqa: E402
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         config = LMSConfig(n_tensors=n_tensors, lb=lb, schedule="memory", sync_mode=sync_mode, recompute=recompute,
                            prefetch=prefetch)
         t0 = time.perf_counter()
-        m = max_batch(graph, plan_swaps(graph, config), BUDGET, device=args.device)
+        m = max_batch(graph, config, BUDGET, device=args.device)
         cost = 1 - m.throughput / base.throughput
         rows.append({"config": {"n_tensors": n_tensors, "lb": lb, "sync_mode": sync_mode, "recompute": recompute,
                                 "prefetch": prefetch},

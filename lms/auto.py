@@ -248,14 +248,12 @@ def _largest_fitting_batch(graph: Graph, config: LMSConfig, usable: int, device:
     `lms.sim.max_batch` (live bytes) bounds it from above; the replay steps down from there.
     """
     from .sim import bfc_adjusted_batch, max_batch
-    from .sim.interpreter import resolve_plan
 
     try:
         top = max_batch(graph, config, usable, device=device, exact=exact, limit=max(1, below - 1)).batch
     except ValueError:  # InfeasibleBudget: not even batch 1 by live bytes
         return 0
-    return int(bfc_adjusted_batch(graph, resolve_plan(graph, config), top, usable, device=device,
-                                  exact=exact)["batch"])
+    return int(bfc_adjusted_batch(graph, config, top, usable, device=device, exact=exact)["batch"])
 
 
 def batch_shaped(graph: Graph) -> tuple[Graph | None, tuple[str, ...]]:

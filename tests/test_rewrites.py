@@ -107,3 +107,54 @@ def test_alternative_trigger_is_another_safe_ancestor_of_the_first_consumer():
     assert graph.levels[other] > graph.levels[graph.forward_end]
     everything = frozenset(o for o in graph.ops if graph.ops[o].role is Role.BACKWARD)
     assert alternative_trigger(graph, si.trigger, swap.tensor, si.consumers, avoid=everything) is None
+
+
+def _pooled() -> Graph:
+    """x -> conv -> MaxPool -> conv2 -> loss; the MaxPool's output is read back by its gradient and conv2's."""
+    b = GraphBuilder(batch_size=4)
+    x = b.op("x", "Placeholder", per_sample_bytes=MiB)
+    c = b.op("conv", "Conv2D", x, per_sample_bytes=4 * MiB)
+    p = b.op("pool", "MaxPool", c, per_sample_bytes=MiB)
+    c2 = b.op("conv2", "Conv2D", p, per_sample_bytes=MiB)
+    loss = b.op("loss", "Sum", c2, shape=(), fixed_bytes=4)
+    g = b.op("gradient_tape/loss", "Fill", loss, role=Role.BACKWARD, grad_of="loss", per_sample_bytes=MiB)
+    g2 = b.op("gradient_tape/conv2/input", "Conv2DBackpropInput", g, role=Role.BACKWARD, grad_of="conv2",
+              per_sample_bytes=MiB)
+    b.op("gradient_tape/conv2/filter", "Conv2DBackpropFilter", p, g, role=Role.BACKWARD, grad_of="conv2",
+         fixed_bytes=64)
+    gp = b.op("gradient_tape/pool/MaxPoolGrad", "MaxPoolGrad", c, p, g2, role=Role.BACKWARD, grad_of="pool",
+              per_sample_bytes=4 * MiB)
+    b.op("gradient_tape/conv/filter", "Conv2DBackpropFilter", x, gp, role=Role.BACKWARD, grad_of="conv",
+         fixed_bytes=64)
+    return b.build()
+
+
+def test_the_pooling_workspace_rule_holds_for_onednn_kernels_only():
+    """oneDNN's MaxPoolGrad needs its direct edge from the MaxPool (issue 55); a GPU's does not (issue 50)."""
+    from lms.sim.interpreter import resolve_plan
+    from lms.simulator import simulate
+
+    graph = _pooled()
+    why = hides_rewrite(graph, "pool:0", "gradient_tape/pool/MaxPoolGrad")
+    assert "oneDNN" in why
+    assert hides_rewrite(graph, "pool:0", "gradient_tape/pool/MaxPoolGrad", kernels="gpu") == ""
+    config = LMSConfig(n_tensors=-1, lb=1)
+    on_cpu, on_gpu = plan_swaps(graph, config), plan_swaps(graph, config, kernels="gpu")
+    readers = {s.tensor: {c for si in s.swap_ins for c in si.consumers} for s in on_cpu.swaps}
+    assert readers["pool:0"] == {"gradient_tape/conv2/filter"}  # the gradient keeps the device copy
+    readers = {s.tensor: {c for si in s.swap_ins for c in si.consumers} for s in on_gpu.swaps}
+    assert readers["pool:0"] == {"gradient_tape/conv2/filter", "gradient_tape/pool/MaxPoolGrad"}
+    # a plan made for a device profile follows its kernels, and so does its simulation
+    assert resolve_plan(graph, config, kernels="gpu") == on_gpu
+    assert resolve_plan(graph, config) == on_cpu
+    gpu_peak = simulate(graph, config, batch=4, device="P100-16GB", timeline=False).peak_device_bytes
+    assert gpu_peak == simulate(graph, on_gpu, batch=4, device="P100-16GB", timeline=False).peak_device_bytes
+    cpu_peak = simulate(graph, config, batch=4, device="cpu", timeline=False).peak_device_bytes
+    assert cpu_peak == simulate(graph, on_cpu, batch=4, device="cpu", timeline=False).peak_device_bytes
+
+
+def test_plan_swaps_refuses_unknown_kernels():
+    import pytest
+
+    with pytest.raises(ValueError, match="kernels='tpu': allowed values are 'cpu' and 'gpu'"):
+        plan_swaps(_pooled(), LMSConfig(), kernels="tpu")

@@ -94,19 +94,20 @@ ONEDNN_WORKSPACE = frozenset({("MaxPool", "MaxPoolGrad"), ("MaxPoolV2", "MaxPool
                               ("MaxPool3D", "MaxPool3DGrad")})
 
 
-def hides_rewrite(graph: Graph, tensor: str, consumer: str) -> str:
+def hides_rewrite(graph: Graph, tensor: str, consumer: str, *, kernels: str = "cpu") -> str:
     """Why a swap-in of `tensor` for `consumer` would change Grappler's rewrite of `consumer` ('' if not).
 
     A consumer that reads through the tensor's producer (`LOOK_THROUGH`), the
     tensor's only reader, into which Grappler folds the producer (`folds_into`),
-    or a backward op whose oneDNN kernel needs its direct edge from the producer
-    (`ONEDNN_WORKSPACE`; on a GPU the rule costs that tensor's swap, nothing else).
+    or, on CPU `kernels`, a backward op whose oneDNN kernel needs its direct edge
+    from the producer (`ONEDNN_WORKSPACE`). A GPU's pooling gradient recomputes
+    its argmax from the values it is given, so there the swap-in changes nothing.
     """
     producer = graph.producer(tensor)
     reader = graph.ops[consumer]
     if (producer.type, reader.type) in LOOK_THROUGH:
         return f"Grappler reads {reader.type} {consumer!r} through its {producer.type} input"
-    if (producer.type, reader.type) in ONEDNN_WORKSPACE:
+    if kernels == "cpu" and (producer.type, reader.type) in ONEDNN_WORKSPACE:
         return (f"oneDNN's {reader.type} {consumer!r} reads the {producer.type}'s workspace through this edge "
                 "(through a swap-in it runs another kernel)")
     readers = graph.live_readers(tensor)

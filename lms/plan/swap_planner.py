@@ -78,7 +78,7 @@ from .rewrites import hides_rewrite
 from .swap_plan import Skip, Swap, SwapIn, SwapPlan, swap_op_name
 from .triggers import find_trigger
 
-__all__ = ["plan_swaps", "RECOMPUTE_SHARE_LEVELS"]
+__all__ = ["plan_swaps", "KERNELS", "RECOMPUTE_SHARE_LEVELS"]
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +91,18 @@ log = logging.getLogger(__name__)
 # tuner's choice through ``fuse_swapins``, not a rule.
 RECOMPUTE_SHARE_LEVELS = 32
 
-def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
+KERNELS = ("cpu", "gpu")
+
+
+def plan_swaps(graph: Graph, config: LMSConfig, *, kernels: str = "cpu") -> SwapPlan:
     """Plan swap-outs and swap-ins for `graph` under `config`.
 
     Args:
         graph: the training graph model (linted).
         config: the LMS knobs.
+        kernels: whose kernels run the step, ``"cpu"`` (TF's CPU build, oneDNN)
+            or ``"gpu"``: a few rules hold on one only
+            (`lms.plan.rewrites.hides_rewrite`). `DeviceProfile.kernels` names them.
 
     Returns:
         A `SwapPlan`; empty when ``config.n_tensors == 0`` and ``config.recompute == "none"``.
@@ -104,6 +110,8 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
         (`lms.plan.plan_recompute`, planned first) and the swaps
         refer to the graph with the clones.
     """
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels={kernels!r}: allowed values are 'cpu' and 'gpu'")
     if not config.enabled:
         return SwapPlan(config=config, graph_name=graph.name, batch_size=graph.batch_size)
     recompute = None
@@ -124,7 +132,7 @@ def plan_swaps(graph: Graph, config: LMSConfig) -> SwapPlan:
         # Every backward reader, pruned ones too (find_candidates kept tensors a live one reads): they read
         # what their live siblings read, so the graph TF prunes is the one the plan was checked on.
         backward = [c for c in graph.data_consumers(t) if graph.ops[c].role is Role.BACKWARD]
-        hidden = {c: why for c in backward if (why := hides_rewrite(graph, t, c))}
+        hidden = {c: why for c in backward if (why := hides_rewrite(graph, t, c, kernels=kernels))}
         if hidden and len(hidden) == len(backward):
             skipped.append(Skip(t, "a swap-in would change a Grappler rewrite: " + next(iter(hidden.values()))))
             continue

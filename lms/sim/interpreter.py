@@ -38,7 +38,7 @@ from .layout import converts_layout
 from .opcosts import OpCosts
 from .result import SimResult, Timeline, TimelineEvent, Trace
 
-__all__ = ["simulate", "SimResult", "Timeline", "TimelineEvent", "compiled_for", "resolve_plan", "schedule_for", "exact_on",
+__all__ = ["simulate", "SimResult", "Timeline", "TimelineEvent", "compiled_for", "resolve_plan", "plan_kernels", "schedule_for", "exact_on",
            "layout_transposes_on",
            "DEFAULT_TEMPORARIES", "default_temporaries", "cost_array"]
 
@@ -51,13 +51,20 @@ _CACHE: "weakref.WeakKeyDictionary[Graph, dict]" = weakref.WeakKeyDictionary()
 _MAX_PER_GRAPH = 64
 
 
-def resolve_plan(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None) -> SwapPlan | None:
-    """A plan for `graph`: as given, planned from a config (cached), or ``None``."""
+def resolve_plan(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, *,
+                 kernels: str = "cpu") -> SwapPlan | None:
+    """A plan for `graph`: as given, planned from a config for `kernels` (cached), or ``None``."""
     if config_or_plan is None or isinstance(config_or_plan, SwapPlan):
         return config_or_plan
     if not isinstance(config_or_plan, LMSConfig):
         raise TypeError(f"expected an LMSConfig, a SwapPlan or None, got {type(config_or_plan).__name__}")
-    return _memo(graph, ("plan", config_or_plan), lambda: plan_swaps(graph, config_or_plan))
+    return _memo(graph, ("plan", config_or_plan, kernels),
+                 lambda: plan_swaps(graph, config_or_plan, kernels=kernels))
+
+
+def plan_kernels(device: DeviceProfile | None) -> str:
+    """Whose kernels a plan for `device` is made for (`lms.plan.plan_swaps`): its own, oneDNN's without one."""
+    return device.kernels if device is not None else "cpu"
 
 
 def _memo(graph: Graph, key: tuple, make: Any) -> Any:
@@ -179,8 +186,8 @@ def simulate(graph: Graph, plan: LMSConfig | SwapPlan | None = None, *, batch: i
     """
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise ValueError(f"batch={batch!r}: must be an integer >= 1")
-    resolved = resolve_plan(graph, plan)
     dev = get_device(device) if device is not None else None
+    resolved = resolve_plan(graph, plan, kernels=plan_kernels(dev))
     temporaries = default_temporaries(dev) if temporaries is None else temporaries
     if order is None:
         order = dev.order if dev is not None else "executor"

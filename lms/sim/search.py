@@ -23,7 +23,7 @@ from ..plan import SwapPlan
 from .costs import TemporaryModel
 from .host import check_host_budget, fits
 from .interpreter import (SimResult, compiled_for, cost_array, default_temporaries, exact_on, layout_transposes_on,
-                          resolve_plan, run)
+                          plan_kernels, resolve_plan, run)
 from .opcosts import OpCosts
 
 __all__ = ["max_batch", "MaxBatchResult", "InfeasibleBudget", "ALL_SWAPPED", "bfc_adjusted_batch"]
@@ -125,8 +125,8 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
         raise ValueError(f"limit={limit}: must be >= 1")
     check_host_budget(host_budget_bytes)
     t0 = time.perf_counter()
-    plan = resolve_plan(graph, config_or_plan)
     dev = get_device(device) if device is not None else None
+    plan = resolve_plan(graph, config_or_plan, kernels=plan_kernels(dev))
     temporaries = default_temporaries(dev) if temporaries is None else temporaries
     if order is None:
         order = dev.order if dev is not None else "executor"
@@ -167,7 +167,7 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
 
     first = sim(1)
     if first.peak_device_bytes > budget_bytes:
-        all_plan = resolve_plan(graph, ALL_SWAPPED)
+        all_plan = resolve_plan(graph, ALL_SWAPPED, kernels=plan_kernels(dev))
         everything = run(compiled_for(graph, all_plan, **kw), 1, device=dev,
                          op_costs=cost_array(compiled_for(graph, all_plan, **kw), op_costs,
                                               op_costs_batch, 1), want_timeline=False)
@@ -233,7 +233,7 @@ def max_batch(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, budget_
     return result(lo_r)
 
 
-def bfc_adjusted_batch(graph: Graph, plan: SwapPlan | None, batch: int, budget: int,
+def bfc_adjusted_batch(graph: Graph, plan: LMSConfig | SwapPlan | None, batch: int, budget: int,
                        **simulate_kwargs: Any) -> dict[str, Any]:
     """The largest batch <= `batch` whose BFC-replayed peak (fragmentation included) fits `budget`.
 

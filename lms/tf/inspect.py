@@ -95,7 +95,7 @@ def inspect(step: Callable, *example_args: Any, config: LMSConfig, device: str =
         concrete = fn.get_concrete_function(*example_args, **example_kwargs)
         optimized = optimized_graph_def(concrete.graph, outputs=concrete.graph.outputs, target=target)
     model, plan, summary = fn.graph, fn.plan, fn.summary
-    planned = plan_swaps(model, config) if model is not None else plan
+    planned = plan_swaps(model, config, kernels=profile.kernels) if model is not None else plan
     nodes = _nodes(optimized)
     transposes, beside = _transposes_at_swaps(nodes)
     predicted: dict[str, int] = {}

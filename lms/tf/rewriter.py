@@ -27,7 +27,7 @@ from ..plan import SwapPlan
 from ..plan import plan_swaps
 from ..plan.candidates import LOOP_ACCUMULATOR_REASON
 from ..sim.interpreter import resolve_plan
-from .apply import AppliedPlan, apply_plan
+from .apply import AppliedPlan, apply_plan, default_compute_device
 from .auto import AutoSettings
 from .batch import batch_argument, call_batch, observe_batch, static_batch
 from .emulate import default_emulate
@@ -178,7 +178,9 @@ class Rewriter:
             log.debug("LMS: %s traced again with the same forward and backward ops: reusing its plan", self.owner)
         else:
             # with auto, the plan and schedule simulated for the choice are reused (cached per graph and config)
-            plan = resolve_plan(model, config) if choice is not None else plan_swaps(model, config)
+            kernels = self.kernels()
+            plan = resolve_plan(model, config, kernels=kernels) if choice is not None \
+                else plan_swaps(model, config, kernels=kernels)
             corrections = ()
         plan.validate(model)
         planned = time.perf_counter()
@@ -241,6 +243,11 @@ class Rewriter:
         if plan.n_recomputed:
             log.info("LMS: recomputes %d tensors (%.1f MiB at batch %d) with %d cloned ops in %s",
                      plan.n_recomputed, plan.recomputed_bytes / _MiB, batch, summary.n_clones, self.owner)
+
+    def kernels(self) -> str:
+        """Whose kernels run the step's ops (`lms.plan.plan_swaps`): a GPU's when they are placed on one."""
+        device = self.device if self.device is not None else default_compute_device()
+        return "gpu" if tf.DeviceSpec.from_string(device).device_type == "GPU" else "cpu"
 
     def _check_pins(self, graph: tf.Graph, plain_def: Any, plan: SwapPlan, pinned: Any, schedule: Any,
                     corrections: tuple[Correction, ...], *, outputs: Any) -> tuple[Any, tuple[Correction, ...]]:

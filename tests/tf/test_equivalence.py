@@ -179,7 +179,7 @@ def _harmful_trigger(monkeypatch):
 
 
 def _harmful_swap_in(monkeypatch):
-    monkeypatch.setattr(lms.plan.swap_planner, "hides_rewrite", lambda *a: "")
+    monkeypatch.setattr(lms.plan.swap_planner, "hides_rewrite", lambda *a, **k: "")
     return nt_xent(), lms.LMSConfig(incl_types=["Transpose"]), "swap-in dropped"
 
 

@@ -136,7 +136,7 @@ def test_a_harmful_swap_is_still_corrected_on_a_virtual_gpu(monkeypatch):
     LMS Grappler folds the Transpose into the MatMul, with it not. The check sees it modulo layout too."""
     import lms.plan.swap_planner
 
-    monkeypatch.setattr(lms.plan.swap_planner, "hides_rewrite", lambda *a: "")
+    monkeypatch.setattr(lms.plan.swap_planner, "hides_rewrite", lambda *a, **k: "")
     keras.utils.set_random_seed(1)
     head = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8)])
 
@@ -193,3 +193,82 @@ def test_the_remappers_cudnn_fusions_are_made_and_kept_with_every_tensor_swapped
                       device="V100-16GB")
     assert rec.corrections == () and rec.n_swapped == rec.n_planned >= 3
     assert sum(n.op == "_FusedConv2D" for n in rec.optimized_graph.node) == 3
+
+
+def _pool_gradient_inputs(rec) -> list[str]:  # noqa: ANN001
+    """The ops the MaxPoolGrad of `rec`'s optimized graph reads, looking through the layout pass's Transposes."""
+    nodes = {n.name: n for n in rec.optimized_graph.node}
+
+    def source(name: str) -> str:
+        name = name.lstrip("^").split(":")[0]
+        while name.endswith("-LayoutOptimizer") and nodes[name].input:
+            name = nodes[name].input[0].lstrip("^").split(":")[0]
+        return name
+
+    (grad,) = [n for n in nodes.values() if n.op == "MaxPoolGrad"]
+    return [source(i) for i in grad.input if not i.startswith("^")]
+
+
+@pytest.mark.parametrize("device", ["V100-16GB", "cpu"])
+def test_the_pooling_gradient_reads_a_swapped_in_copy_on_a_gpu_only(fp32_step, device):
+    """oneDNN's MaxPoolGrad needs its direct edge from the MaxPool (a CPU rule); a GPU's kernel reads the
+    pooled values from a swap-in like any gradient, and the check keeps it."""
+    from lms.tf.graphdefs import is_swap_op_name
+
+    rec = lms.inspect(fp32_step, *ARGS, config=CONFIGS["swaps"], device=device)
+    assert rec.corrections == ()
+    swapped_in = [i for i in _pool_gradient_inputs(rec) if is_swap_op_name(i)]
+    assert len(swapped_in) == (2 if device != "cpu" else 1)  # the pool's input and output, or its input only
+
+
+def _tiny_gpt2_step():  # noqa: ANN202
+    from tuner.models.transformer import gpt2_small
+
+    w = gpt2_small(seq_len=64, n_layers=2, d_model=64, n_heads=4, vocab_size=128, n_positions=64)
+    keras.utils.set_random_seed(0)
+    model, opt = w.build_model(), w.make_optimizer()
+
+    def step(x, y):  # noqa: ANN001, ANN202
+        with tf.GradientTape() as tape:
+            loss = w.loss_fn(y, model(x, training=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    return step
+
+
+GPT_ARGS = (tf.TensorSpec((4, 64), tf.int32), tf.TensorSpec((4, 64), tf.int32))
+GPT_CONFIG = lms.LMSConfig(n_tensors=-1, lb=1, schedule="memory", recompute="cheap")
+
+
+def test_a_pin_on_the_gelu_gradients_mul_changes_the_gpus_rewrite_and_the_order_is_dropped(monkeypatch):
+    """Issue 50's question, judged by a virtual V100's Grappler: with every Sum/Sub/Mul pinnable (the what-if
+    that gives GPT-2 small 32 in benchmarks/transformer_gap.py) a pin changes how Grappler rewrites the GELU
+    gradient's Mul, and the check on the pinned graph drops the whole order; with today's rules nothing differs."""
+    from lms.plan import anchor
+
+    step = _tiny_gpt2_step()
+    kept = lms.inspect(step, *GPT_ARGS, config=GPT_CONFIG, device="V100-16GB")
+    assert kept.corrections == () and kept.n_swapped > 0
+    monkeypatch.setattr(anchor, "REWRITABLE_TYPES", anchor.REWRITABLE_TYPES - {"Sum", "Sub", "Mul"})
+    rec = lms.inspect(_tiny_gpt2_step(), *GPT_ARGS, config=GPT_CONFIG, device="V100-16GB")
+    assert [c.kind for c in rec.corrections] == ["order dropped"]
+    assert "Gelu" in rec.corrections[0].reason and "Mul" in rec.corrections[0].reason
+    assert rec.n_swapped == kept.n_swapped  # the swaps stay; only the order goes
+
+
+def test_pins_on_the_softmax_gradient_alone_leave_the_gpus_rewrite_as_it_was(monkeypatch):
+    """The narrower what-if (only the softmax gradient's Sum/Sub/Mul pinnable): its pins reach the optimized
+    graph and the virtual V100's Grappler rewrites the step as without them (it predicts 16 at seq 2048, below
+    today's 22, so it is not adopted)."""
+    import lms.schedule.scheduler as scheduler
+    from benchmarks.transformer_gap import softmax_gradient_ops
+
+    ops = scheduler.pinnable_ops
+    monkeypatch.setattr(scheduler, "pinnable_ops", lambda g: ops(g) | softmax_gradient_ops(g))
+    rec = lms.inspect(_tiny_gpt2_step(), *GPT_ARGS, config=GPT_CONFIG, device="V100-16GB")
+    assert rec.corrections == ()
+    nodes = rec.optimized_graph.node
+    pinned = {n.name for n in nodes if "_attn_1/sub" in n.name and n.op == "Sub"
+              and (any(i.startswith("^") for i in n.input) or any("^" + n.name in m.input for m in nodes))}
+    assert len(pinned) == 2  # one per layer

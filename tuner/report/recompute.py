@@ -128,13 +128,15 @@ def recompute_summary(graph: Any, config: Any, *, batch: int, device: Any = None
     Raises:
         ValueError: `config` recomputes nothing.
     """
-    from lms.sim.interpreter import resolve_plan, simulate
+    from lms.machine.devices import get_device
+    from lms.sim.interpreter import plan_kernels, resolve_plan, simulate
 
     if config.recompute == "none":
         raise ValueError("recompute_summary: the config has recompute='none', so nothing is recomputed")
     without = config.replace(recompute="none")
-    plan = resolve_plan(graph, config)
-    plan_without = resolve_plan(graph, without)
+    kernels = plan_kernels(get_device(device) if device is not None else None)
+    plan = resolve_plan(graph, config, kernels=kernels)
+    plan_without = resolve_plan(graph, without, kernels=kernels)
     swapped = {s.tensor: s for s in plan_without.swaps}
     rows: list[RecomputedTensor] = []
     recomputes = plan.recompute.recomputes if plan.recompute is not None else ()

@@ -109,10 +109,11 @@ def schedule_summary(graph: Any, config: Any, *, device: Any = None) -> Schedule
         return ScheduleSummary(kind="tf")
     from lms.machine.devices import get_device
     from lms.schedule import CANDIDATES
-    from lms.sim.interpreter import exact_on, resolve_plan, schedule_for
+    from lms.sim.interpreter import exact_on, plan_kernels, resolve_plan, schedule_for
 
-    exact = config.schedule == "memory" and exact_on(get_device(device) if device is not None else None)
-    sched = schedule_for(graph, resolve_plan(graph, config), exact=exact)
+    dev = get_device(device) if device is not None else None
+    exact = config.schedule == "memory" and exact_on(dev)
+    sched = schedule_for(graph, resolve_plan(graph, config, kernels=plan_kernels(dev)), exact=exact)
     rank = list(CANDIDATES)
     candidates = tuple(
         ScheduleCandidate(name=name, description=CANDIDATES.get(name, ""), peak_bytes=int(peak),
