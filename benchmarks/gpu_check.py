@@ -53,6 +53,7 @@ PHASE_S = {"devices": 60.0, "bandwidth": 60.0, "off": 110.0, "on": 150.0}
 TRANSPOSE_OPS = frozenset({"Transpose", "ConjugateTranspose", "_MklTranspose"})
 LMS_ON = {"n_tensors": -1, "lb": 1}
 MiB = 1 << 20
+CONTEXT_POOL_MIB = 1024  # the devices child's fixed pool (memory_limit): its CUDA context is what NVML counts beyond it
 
 
 # ================================================================ pure parsers (no TensorFlow)
@@ -107,9 +108,13 @@ def is_h2d_copy(ev: TraceEvent) -> bool:
 
 def _mentions(text: str, name: str, *, recv: bool = False) -> bool:
     """`text` names op `name` (``name:Type``, or alone); with `recv`, a ``_Recv`` TF named after it or an op of
-    its scope (``name/_12``, ``name/gate/_12``, ``name-gate/_12``: partitioning names a Recv ``<source>/_<n>``)."""
+    its scope (``name/_12``, ``name/gate/_12``, ``name-gate/_12``: partitioning names a Recv ``<source>/_<n>``),
+    or the edge out of it that a copy annotates (``CopyTensor::ViaDMA`` runs under ``#edge_name=<tensor_name>#``,
+    and partitioning names an edge's tensor ``edge_<id>_<source>``)."""
     tail = r"(?:[/-][^\s;,:]*)?/_\d+(?=$|[:\s;,])" if recv else r"(?=$|[:\s;,])"
-    return re.search(r"(?:^|(?<=[\s;,:]))" + re.escape(name) + tail, text) is not None
+    if re.search(r"(?:^|(?<=[\s;,:]))" + re.escape(name) + tail, text) is not None:
+        return True
+    return recv and re.search(r"#edge_name=edge_\d+_" + re.escape(name) + r"(?:[/-][^\s;,:#]*)?#", text) is not None
 
 
 def _op_of(ev: TraceEvent) -> str:
@@ -278,13 +283,22 @@ def check_devices(child: Mapping[str, Any] | None, log: str, *, chosen: Mapping[
         checks.append(Check("devices: nvidia-smi -L", "PASS" if listed else "FAIL",
                             f"{chosen['uuid']}: {listed or 'not listed'}",
                             "" if listed else "lms/machine/nvml.py gpu_inventory: a UUID nvidia-smi does not list"))
+    limit, auto_budget = child.get("memory_limit_bytes"), child.get("auto_budget_bytes")
+    if limit is not None and auto_budget is not None:
+        ok = auto_budget == limit and (not created or created["memory_mib"] == limit // MiB)
+        checks.append(Check("devices: memory_limit", "PASS" if ok else "FAIL",
+                            f"memory_limit {limit / MiB:.0f} MiB; TF's device: "
+                            f"{created['memory_mib'] if created else '?'} MiB; config='auto' budget: "
+                            f"{auto_budget / MiB:.0f} MiB",
+                            "" if ok else "lms/tf/auto.py default_gpu_budget / lms/machine/reachable.py: a "
+                                          "memory_limit is the budget, exactly"))
     context = child.get("context_bytes")
     if context is not None:
         from lms.machine.reachable import CUDA_CONTEXT_BYTES
 
         ok = context <= CUDA_CONTEXT_BYTES
         checks.append(Check("devices: CUDA context", "PASS" if ok else "WARN",
-                            f"NVML process bytes less TF's allocated bytes after a conv and a matmul: "
+                            f"NVML process bytes less TF's fixed pool (memory_limit) after a conv and a matmul: "
                             f"{context / MiB:.0f} MiB (the default budget assumes {CUDA_CONTEXT_BYTES / MiB:.0f} MiB)",
                             "" if ok else "raise CUDA_CONTEXT_BYTES in lms/machine/reachable.py (default budgets are "
                                           "too large by the difference)", {"cuda_context_bytes": context}))
@@ -388,7 +402,12 @@ def _child_devices(args: argparse.Namespace) -> dict[str, Any]:
                                             for g in gpus]}
     if not gpus:
         return out
-    tf.config.experimental.set_memory_growth(gpus[0], True)
+    # A fixed pool, as the tuner's GPU workers and a user's memory_limit run: without memory growth TF's BFC
+    # allocator takes its whole memory_limit at the first allocation, so what NVML counts beyond it is the CUDA
+    # context and what cuDNN/cuBLAS hold outside TF's pool (with memory growth the pool's grown-but-unused
+    # regions would be counted as context).
+    tf.config.set_logical_device_configuration(gpus[0], [tf.config.LogicalDeviceConfiguration(
+        memory_limit=CONTEXT_POOL_MIB)])
     with tf.device("/GPU:0"):  # make the context, load cuBLAS and cuDNN
         a = tf.random.uniform([512, 512])
         tf.matmul(a, a).numpy()
@@ -397,8 +416,11 @@ def _child_devices(args: argparse.Namespace) -> dict[str, Any]:
     with NvmlSampler(interval_s=60.0) as sampler:
         pass
     used = sampler.result.process_peak_bytes
-    current = tf.config.experimental.get_memory_info("GPU:0")["current"]
-    out["context_bytes"] = None if used is None else max(0, int(used) - int(current))
+    out["memory_limit_bytes"] = CONTEXT_POOL_MIB * MiB
+    out["context_bytes"] = None if used is None else max(0, int(used) - CONTEXT_POOL_MIB * MiB)
+    from lms.tf.auto import default_gpu_budget
+
+    out["auto_budget_bytes"] = default_gpu_budget()[0]  # config='auto' must take the memory_limit as it is
     return out
 
 

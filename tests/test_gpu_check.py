@@ -104,6 +104,20 @@ def test_a_copy_named_after_its_swap_out_counts_too_and_unknowns_stay_none() -> 
         is None
 
 
+def test_a_copy_annotated_with_its_edge_name_is_matched() -> None:
+    """On a GPU the host->device memcpy carries ``CopyTensor::ViaDMA``'s annotation, not the _Recv's name."""
+    events = gc.events_from_xspace(xspace([
+        ("/host:CPU", [("tf_Compute", 0, [("gradient_tape/block2/ReluGrad:ReluGrad", 100 * US, 20 * US, [])])]),
+        ("/device:GPU:0", [("Stream #9(MemcpyH2D)", 0, [
+            ("MemcpyH2D", 300 * US, 30 * US, ["#edge_name=edge_1234_lms/swap_out/t_0#", "size:4096"]),
+            ("MemcpyH2D", 200 * US, 30 * US, ["#edge_name=edge_77_lms/swap_out/t_01#"]),  # another tensor's
+        ])]),
+    ]))
+    [row] = gc.swapin_copy_delays(events, [SWAP])
+    assert (row["copy_source"], row["copy_start_us"]) == ("gpu memcpy", pytest.approx(300.0))
+    assert row["delay_us"] == pytest.approx(300 - 120)
+
+
 def test_without_device_copies_the_sends_start_on_the_host_is_used() -> None:
     events = [e for e in gpu_step(copy_at_us=700) if not e.plane.startswith("/device:")]
     [row] = gc.swapin_copy_delays(events, [SWAP])
@@ -182,6 +196,20 @@ def test_device_checks_name_the_fix() -> None:
     [none] = gc.check_devices({"tf_gpu_names": []}, "W gpu_device.cc:2344] Cannot dlopen some GPU libraries. x",
                               chosen=H100, smi=None)
     assert none.status == "FAIL" and "Cannot dlopen some GPU libraries" in none.detail and ".[gpu]" in none.fix
+
+
+def test_the_memory_limit_is_the_budget_exactly() -> None:
+    """The devices child runs under a memory_limit: TF's device and config='auto' must both take it as it is."""
+    limited = CREATED.replace("with 78911 MB memory", "with 1024 MB memory")
+    child = {"tf_gpu_names": ["NVIDIA H100 80GB HBM3"], "memory_limit_bytes": 1024 << 20,
+             "auto_budget_bytes": 1024 << 20, "context_bytes": 400 << 20}
+    checks = {c.name: c for c in gc.check_devices(child, limited, chosen=H100, smi=gc.parse_smi_list(SMI))}
+    assert checks["devices: memory_limit"].status == "PASS"
+    wrong = {c.name: c for c in gc.check_devices(dict(child, auto_budget_bytes=(80 << 30) - (2 << 30)), limited,
+                                                 chosen=H100, smi=None)}
+    assert wrong["devices: memory_limit"].status == "FAIL" and "default_gpu_budget" in wrong["devices: memory_limit"].fix
+    ignored = {c.name: c for c in gc.check_devices(child, CREATED, chosen=H100, smi=None)}  # TF took the whole GPU
+    assert ignored["devices: memory_limit"].status == "FAIL"
 
 
 def test_lms_checks() -> None:
