@@ -6,8 +6,9 @@ Each is a program a user writes, at tiny sizes: mixed precision under ``fit``
 micro-batches in a custom loop (accumulator variables, ``assign_add``, one
 apply), a functional model with two inputs and two outputs and loss weights, a
 text transformer with a padding mask (``Embedding(mask_zero=True)`` into
-``MultiHeadAttention``), and ConvNeXt's block as ``keras.applications.convnext``
-writes it (a grouped ``Conv2D(dim, 7, groups=dim)``, not a depthwise one).
+``MultiHeadAttention``), ConvNeXt's block as ``keras.applications.convnext``
+writes it (a grouped ``Conv2D(dim, 7, groups=dim)``, not a depthwise one), and
+keras.io's CycleGAN (two generators, two discriminators, four optimizers).
 Each runs under every configuration class of `tests.tf.realworld2.CONFIGS`.
 """
 
@@ -69,7 +70,73 @@ def convnext_grouped() -> Loop:
     return adamw_classifier_loop("convnext_grouped", model, seed=42)
 
 
-LOOPS = {f.__name__: f for f in (gradient_accumulation, convnext_grouped)}
+def cyclegan() -> Loop:
+    """keras.io's CycleGAN at tiny sizes: two ResNet generators (reflection padding, instance norm as
+    ``GroupNormalization(groups=-1)``, ``Conv2DTranspose``), two PatchGAN discriminators, one persistent tape,
+    four Adams (beta_1 0.5), adversarial + cycle + identity losses, batch 1."""
+    tf, keras = _tf()
+    layers = keras.layers
+    keras.utils.set_random_seed(43)
+    size, f0 = 16, 4
+    init = keras.initializers.RandomNormal(mean=0.0, stddev=0.02)
+
+    def reflect(x, p):  # noqa: ANN001, ANN202
+        return layers.Lambda(lambda t: tf.pad(t, [[0, 0], [p, p], [p, p], [0, 0]], mode="REFLECT"))(x)
+
+    def norm(x):  # noqa: ANN001, ANN202
+        return layers.GroupNormalization(groups=-1, gamma_initializer=init)(x)
+
+    def generator(name: str):  # noqa: ANN202
+        inp = layers.Input((size, size, 3))
+        x = layers.ReLU()(norm(layers.Conv2D(f0, 7, kernel_initializer=init, use_bias=False)(reflect(inp, 3))))
+        x = layers.ReLU()(norm(layers.Conv2D(2 * f0, 3, strides=2, padding="same", kernel_initializer=init,
+                                             use_bias=False)(x)))
+        h = layers.ReLU()(norm(layers.Conv2D(2 * f0, 3, kernel_initializer=init, use_bias=False)(reflect(x, 1))))
+        h = norm(layers.Conv2D(2 * f0, 3, kernel_initializer=init, use_bias=False)(reflect(h, 1)))
+        x = layers.add([x, h])  # one residual block
+        x = layers.ReLU()(norm(layers.Conv2DTranspose(f0, 3, strides=2, padding="same", kernel_initializer=init,
+                                                      use_bias=False)(x)))
+        x = layers.Conv2D(3, 7)(reflect(x, 3))
+        return keras.Model(inp, layers.Activation("tanh")(x), name=name)
+
+    def discriminator(name: str):  # noqa: ANN202
+        inp = layers.Input((size, size, 3))
+        x = layers.LeakyReLU(0.2)(layers.Conv2D(f0, 4, strides=2, padding="same", kernel_initializer=init)(inp))
+        x = layers.LeakyReLU(0.2)(norm(layers.Conv2D(2 * f0, 4, strides=2, padding="same", kernel_initializer=init,
+                                                     use_bias=False)(x)))
+        return keras.Model(inp, layers.Conv2D(1, 4, padding="same", kernel_initializer=init)(x), name=name)
+
+    gen_g, gen_f, disc_x, disc_y = generator("gen_G"), generator("gen_F"), discriminator("disc_X"), discriminator(
+        "disc_Y")
+    models = (gen_g, gen_f, disc_x, disc_y)
+    opts = [keras.optimizers.Adam(2e-4, beta_1=0.5) for _ in models]
+    for o, m in zip(opts, models):
+        o.build(m.trainable_variables)
+    mse, mae = keras.losses.MeanSquaredError(), keras.losses.MeanAbsoluteError()
+    rng = np.random.default_rng(43)
+    real_x, real_y = (rng.uniform(-1, 1, (1, size, size, 3)).astype("float32") for _ in range(2))
+
+    def step(real_x, real_y):
+        with tf.GradientTape(persistent=True) as tape:
+            fake_y, fake_x = gen_g(real_x, training=True), gen_f(real_y, training=True)
+            cycled_x, cycled_y = gen_f(fake_y, training=True), gen_g(fake_x, training=True)
+            same_x, same_y = gen_f(real_x, training=True), gen_g(real_y, training=True)
+            dx_real, dx_fake = disc_x(real_x, training=True), disc_x(fake_x, training=True)
+            dy_real, dy_fake = disc_y(real_y, training=True), disc_y(fake_y, training=True)
+            cycle = (mae(real_y, cycled_y) + mae(real_x, cycled_x)) * 10.0
+            g_loss = mse(tf.ones_like(dy_fake), dy_fake) + cycle + mae(real_y, same_y) * 5.0
+            f_loss = mse(tf.ones_like(dx_fake), dx_fake) + cycle + mae(real_x, same_x) * 5.0
+            dx_loss = (mse(tf.ones_like(dx_real), dx_real) + mse(tf.zeros_like(dx_fake), dx_fake)) * 0.5
+            dy_loss = (mse(tf.ones_like(dy_real), dy_real) + mse(tf.zeros_like(dy_fake), dy_fake)) * 0.5
+        for loss, model, opt in zip((g_loss, f_loss, dx_loss, dy_loss), models, opts):
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return g_loss, f_loss, dx_loss, dy_loss
+
+    variables = [v for m in models for v in m.weights] + _opt_vars(*opts)
+    return Loop("cyclegan", step, (real_x, real_y), variables)
+
+
+LOOPS = {f.__name__: f for f in (gradient_accumulation, convnext_grouped, cyclegan)}
 
 
 # ---- Keras fit ----------------------------------------------------------------------------
