@@ -10,7 +10,10 @@ trial worker gets (`tuner.worker.worker_env`: the device's UUID in
    bus id from TF's "Created device" line), and the CUDA context's size;
 2. bandwidth: device->host and host->device copies of 256 MiB through pinned
    host memory, as swaps make them;
-3. ResNet-50 (224x224) at a fixed batch with LMS off and on (``n_tensors=-1,
+3. a real trial worker (`tuner.worker.run_worker`, as ``--backend gpu`` runs one): ResNet-50 64x64
+   at batch 32 with every tensor swapped, under a 2,048 MiB ``memory_limit``: TF's device must be
+   that size and the measured peak within the worker's budget;
+4. ResNet-50 (224x224) at a fixed batch with LMS off and on (``n_tensors=-1,
    lb=1``): TF's allocator peak and NVML's process peak; on the LMS run, the
    swap ops left after Grappler, whether every host->device transfer of a
    swapped tensor depends on its trigger in the partition graphs TF ran
@@ -49,7 +52,10 @@ if str(ROOT) not in sys.path:
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_check.json"
 TOTAL_S = 290.0  # the whole check, every phase included
-PHASE_S = {"devices": 60.0, "bandwidth": 60.0, "off": 110.0, "on": 150.0}
+PHASE_S = {"devices": 50.0, "bandwidth": 40.0, "off": 90.0, "on": 130.0}
+TRIAL_S = 60.0  # the trial worker's phase (`run_trial`), within TOTAL_S
+TRIAL = {"workload": "resnet50", "options": {"image_size": 64}, "batch": 32, "memory_limit_mib": 2048,
+         "config": {"n_tensors": -1, "lb": 1}}
 TRANSPOSE_OPS = frozenset({"Transpose", "ConjugateTranspose", "_MklTranspose"})
 LMS_ON = {"n_tensors": -1, "lb": 1}
 MiB = 1 << 20
@@ -385,6 +391,50 @@ def check_lms(off: Mapping[str, Any] | None, on: Mapping[str, Any] | None) -> li
     return checks
 
 
+def run_trial(env: Mapping[str, str], workdir: Path, *, timeout_s: float, backend: str = "gpu",
+              trial: Mapping[str, Any] = TRIAL) -> dict[str, Any]:
+    """One trial of the tuner's own worker (`tuner.trial`), as a search runs it: a fixed batch, a budget, and
+    on a GPU the budget enforced by the device's ``memory_limit`` (`tuner.protocol.MeasureRequest`)."""
+    from tuner.protocol import MeasureRequest
+    from tuner.worker import run_worker
+
+    limit = int(trial["memory_limit_mib"]) * MiB
+    usable = int(limit * 0.95)
+    request = MeasureRequest(workload=trial["workload"], options=dict(trial["options"]), config=dict(trial["config"]),
+                             backend=backend, usable_bytes=usable, start_batch=int(trial["batch"]), fixed_batch=True,
+                             warmup=1, steps=2, device_memory_limit_bytes=limit if backend == "gpu" else None)
+    out = run_worker(request, workdir=workdir / "trial", timeout_s=timeout_s, env=dict(env))
+    r = out.result
+    log = out.log_path.read_text(errors="replace") if out.log_path is not None and out.log_path.is_file() else ""
+    created = parse_created_device(log)
+    return {"status": out.status, "reason": out.reason, "backend": backend, "memory_limit_bytes": limit,
+            "usable_bytes": usable, "batch": getattr(r, "batch_size", None),
+            "peak_device_bytes": getattr(r, "peak_device_bytes", None), "peak_source": getattr(r, "peak_source", ""),
+            "fits_budget": getattr(r, "fits_budget", None), "device": getattr(r, "device", None),
+            "n_swapped": (getattr(r, "lms_summary", None) or {}).get("n_swapped"),
+            "tf_device_memory_mib": created["memory_mib"] if created else None, "wall_s": round(out.wall_s, 1)}
+
+
+def check_trial(t: Mapping[str, Any] | None) -> list[Check]:
+    """The trial worker ran the step under its memory_limit, swapped, and stayed within its budget."""
+    if not t or t.get("status") != "ok":
+        why = (t or {}).get("reason") or (t or {}).get("error") or "no result"
+        return [Check("trial worker", "FAIL", f"the worker ended {(t or {}).get('status', 'without a status')}: "
+                      f"{why}", "tuner/trial.py, tuner/worker.py (its log is in the step logs)")]
+    limit_mib = t["memory_limit_bytes"] // MiB
+    seen = t.get("tf_device_memory_mib")
+    limited = t.get("backend") != "gpu" or seen == limit_mib
+    fits = bool(t.get("fits_budget")) and (t.get("peak_device_bytes") or 0) <= t["usable_bytes"]
+    swapped = (t.get("n_swapped") or 0) > 0
+    ok = limited and fits and swapped
+    return [Check("trial worker", "PASS" if ok else "FAIL",
+                  f"batch {t.get('batch')}: peak {_gib(t.get('peak_device_bytes'))} ({t.get('peak_source') or '?'}) "
+                  f"against a budget of {_gib(t['usable_bytes'])}; TF's device {seen if seen is not None else '?'} MiB "
+                  f"under memory_limit {limit_mib} MiB; {t.get('n_swapped')} tensors swapped",
+                  "" if ok else ("tuner/gpus.py gpu_worker_env, tuner/trial.py: the memory_limit did not take"
+                                 if not limited else "tuner/trial.py: the step is over its budget or swapped nothing"))]
+
+
 def _gib(value: int | None) -> str:
     return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
 
@@ -642,7 +692,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.dry_run:
         print("would run (each in a fresh process, CUDA_VISIBLE_DEVICES=" + env["CUDA_VISIBLE_DEVICES"] + "): "
-              + ", ".join(PHASE_S) + f"; ResNet-50 batch {args.batch}")
+              + ", ".join(PHASE_S) + f", a trial worker; ResNet-50 batch {args.batch}")
         return 0
     start = time.monotonic()
     deadline = start + TOTAL_S
@@ -651,9 +701,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     for phase in PHASE_S:
         print(f"running {phase} ...", flush=True)
         results[phase], logs[phase] = _run_child(phase, args, env, deadline, workdir)
+        if phase == "bandwidth":
+            print("running trial ...", flush=True)
+            left = min(TRIAL_S, deadline - time.monotonic())
+            try:
+                results["trial"] = run_trial(env, workdir, timeout_s=left) if left >= 10 else {
+                    "error": "skipped: the check's 5-minute limit was reached"}
+            except Exception as exc:  # noqa: BLE001 - reported as this step's failure
+                results["trial"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     checks = (check_devices(results["devices"], logs["devices"], chosen=chosen,
                             smi=None if smi_text is None else parse_smi_list(smi_text))
               + check_bandwidth(results["bandwidth"], profile=profile)
+              + check_trial(results.get("trial"))
               + check_lms(results["off"], results["on"]))
     for c in checks:
         print(f"{c.status:4}  {c.name}: {c.detail} [MEASURED]" + (f"\n      fix: {c.fix}" if c.fix else ""))

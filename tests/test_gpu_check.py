@@ -342,3 +342,23 @@ def test_swap_in_copies_are_found_in_a_real_trace_between_two_devices(tmp_path: 
     assert {r["copy_source"] for r in matched} == {"host _Send"} and {r["trigger_source"] for r in matched} == {"host op"}
     # main since b14ecaa gates the host-side swap-in: no copy starts before its trigger ended
     assert [r for r in matched if r["delay_us"] < 0] == []
+
+
+# ------------------------------------------------------------------ a real trial worker
+
+def test_a_real_trial_worker_runs_under_its_budget_and_is_checked(tmp_path: Path) -> None:
+    """The trial phase runs the tuner's own worker (here on the emulated backend: no GPU) and the check reads it."""
+    from tuner.worker import worker_env
+
+    trial = {"workload": "cnn_bn", "options": {}, "batch": 4, "memory_limit_mib": 256,
+             "config": {"n_tensors": -1, "lb": 1}}
+    t = gc.run_trial(worker_env(), tmp_path, timeout_s=240, backend="emulated", trial=trial)
+    assert t["status"] == "ok", t
+    assert t["batch"] == 4 and t["n_swapped"] > 0 and t["usable_bytes"] == int(256 * (1 << 20) * 0.95)
+    [check] = gc.check_trial(t)
+    assert check.status == "PASS", check.detail
+    over = dict(t, peak_device_bytes=t["usable_bytes"] + 1)
+    assert gc.check_trial(over)[0].status == "FAIL"
+    unlimited = dict(t, backend="gpu", tf_device_memory_mib=80000)  # TF took the whole GPU
+    assert "memory_limit did not take" in gc.check_trial(unlimited)[0].fix
+    assert gc.check_trial({"error": "timed out after 60 s"})[0].status == "FAIL"
