@@ -4,8 +4,9 @@ The flow, a pass a module (each takes the graph model and an `LMSConfig`)::
 
     candidates -> recompute_planner -> swap_planner (-> triggers, anchor) -> SwapPlan.validate
 
-- `swap_plan`: the plan objects (`SwapPlan`, `Swap`, `SwapIn`, `Skip`, `PlanError`) and
-  `rewrite_graph`, the plan applied to the graph model (what `validate` lints).
+- `verdicts`: what every pass says besides its plan (`Skip`, `PlanError`); the floor below the plans.
+- `swap_plan`: the plan objects (`SwapPlan`, `Swap`, `SwapIn`) and `rewrite_graph`, the plan applied
+  to the graph model (what `validate` lints).
 - `recompute`: the recompute plan (`RecomputePlan`, `Recompute`, `Clone`, `Gate`) and its rewrite.
 - `candidates`: `find_candidates`, the tensors either planner may take, and why others are skipped.
 - `triggers`: the swap-in trigger search (``chain_rule``, ``direct_order``) both planners use.
@@ -21,9 +22,9 @@ from __future__ import annotations
 from .candidates import find_candidates
 from .recompute import Clone, Recompute, RecomputePlan
 from .recompute_planner import plan_recompute
-from .swap_plan import (HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, PlanError, Skip, Swap, SwapIn, SwapPlan,
-                        rewrite_graph, swap_op_name)
+from .swap_plan import HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, Swap, SwapIn, SwapPlan, rewrite_graph, swap_op_name
 from .swap_planner import plan_swaps
+from .verdicts import PlanError, Skip
 
 __all__ = [
     "SwapPlan", "Swap", "SwapIn", "Skip", "PlanError", "rewrite_graph", "swap_op_name", "SWAP_OUT_TYPE",

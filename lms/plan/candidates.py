@@ -11,7 +11,7 @@ from typing import Iterable
 
 from ..config import LMSConfig
 from ..graph import Graph, Role
-from .swap_plan import Skip
+from .verdicts import Skip
 
 __all__ = ["find_candidates", "SKIPPED_PRODUCER_TYPES", "LOOP_ACCUMULATOR_REASON", "rejection"]
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..graph import Graph, GraphError, Op, Role, Tensor
 from ..optypes import never_recomputed
-from .swap_plan import PlanError, Skip
+from .verdicts import PlanError, Skip
 
 __all__ = ["Clone", "Gate", "Recompute", "RecomputePlan", "recompute_op_name", "gate_op_name", "is_recompute_op_name",
            "is_gate_op_name", "RECOMPUTE_MARKER", "GATE_MARKER", "GATE_TYPE"]

@@ -58,7 +58,7 @@ from .anchor import anchored_trigger
 from .candidates import find_candidates
 from .recompute import Clone, Gate, Recompute, RecomputePlan, gate_op_name, recompute_op_name
 from .rewrites import LOOK_THROUGH, recompute_changes_readers
-from .swap_plan import Skip
+from .verdicts import Skip
 from .triggers import eligible, find_trigger, shares_input
 
 __all__ = ["plan_recompute", "MAX_CHAIN_OPS", "TINY_SOURCE_BYTES"]

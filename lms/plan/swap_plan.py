@@ -21,20 +21,19 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import LMSConfig
 from ..graph import Graph, GraphError, Op, Role, Tensor
+from .verdicts import PlanError, Skip
 
 if TYPE_CHECKING:
     from .recompute import RecomputePlan
 
+# Skip and PlanError live in lms.plan.verdicts (recompute.py needs them too, and this module needs
+# RecomputePlan); they stay importable from here.
 __all__ = ["SwapIn", "Swap", "Skip", "SwapPlan", "PlanError", "rewrite_graph",
            "SWAP_OUT_TYPE", "SWAP_IN_TYPE", "HOST_DEVICE", "swap_op_name"]
 
 SWAP_OUT_TYPE = "LMSSwapOut"
 SWAP_IN_TYPE = "LMSSwapIn"
 HOST_DEVICE = "host"
-
-
-class PlanError(ValueError):
-    """A plan is inconsistent with its graph (bad reroute, late trigger, cycle)."""
 
 
 def swap_op_name(kind: str, tensor: str, index: int | None = None) -> str:
@@ -114,14 +113,6 @@ class Swap:
     @property
     def consumers(self) -> tuple[str, ...]:
         return tuple(c for s in self.swap_ins for c in s.consumers)
-
-
-@dataclass(frozen=True)
-class Skip:
-    """A candidate the planner did not swap, and why."""
-
-    tensor: str
-    reason: str
 
 
 @dataclass(frozen=True)
