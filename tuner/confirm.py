@@ -82,9 +82,10 @@ RECORDED_FIGURES = ("step_time_spread_s", "step_times_s", "host_peak_rss_bytes",
                     "nvml_device_peak_bytes", "tensorflow", "device", "lms_summary", "peak_source")
 
 
-def fresh_process_trials(settings: Any) -> bool:
-    """Whether a measured trial is a bracket of fresh processes (`measure_trial`): largest batch, ``--confirm`` > 0."""
-    return bool(settings.backend.measured and settings.batch is None and settings.confirm > 0)
+def fresh_process_trials(settings: Any, backend: "Backend") -> bool:
+    """Whether a measured trial is a bracket of fresh processes (`measure_trial`): a measured backend, largest
+    batch, ``--confirm`` > 0."""
+    return bool(backend.measured and settings.batch is None and settings.confirm > 0)
 
 
 @dataclass(frozen=True)

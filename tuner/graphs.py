@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from .backends import get_backend
 from .errors import BadInput, SearchError
 from .protocol import DescribeRequest, MeasureRequest, TraceRequest
 from .settings import SearchSettings
@@ -40,7 +41,7 @@ def _profile_batches(settings: SearchSettings) -> tuple[int, ...]:
     [2, 10] lightly loaded and [2, 8] busy, and the two searches measured and
     recommended different configs.)
     """
-    if not settings.backend.profiles_op_times:
+    if not get_backend(settings.backend).profiles_op_times:
         return ()
     base = int(settings.workload.get("default_batch") or 8)
     return (2 * base, 8 * base)
@@ -165,7 +166,7 @@ def plain_peak_at(settings: SearchSettings, graph: Any, batch: int, *,
     """
     from lms.config import LMSConfig
 
-    backend = settings.backend
+    backend = get_backend(settings.backend)
     if not backend.measured:
         from lms.simulator import simulate
 

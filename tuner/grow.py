@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping
 
 from lms.config import atomic_write_text
 
+from .backends import get_backend
 from .budget import format_bytes
 from .errors import BadInput
 from .knobs import KNOB_TABLE
@@ -303,12 +304,12 @@ def _grow_doc(settings: SearchSettings, *, step: int, start: int, budget: int, b
     option = settings.grow
     lms_v, base_v = with_lms.largest, without.largest
     ratio = (lms_v / base_v) if lms_v and base_v else None
-    measured = settings.backend.measured
+    measured = get_backend(settings.backend).measured
     return {
         "schema": "tuner.grow", "schema_version": 1, "study": settings.study, "model": settings.model,
         "model_options": dict(settings.model_options), "option": option, "step": step, "start": start,
         "batch": settings.batch, "budget_bytes": budget, "budget_source": budget_source,
-        "backend": settings.backend.name, "device": settings.device,
+        "backend": settings.backend, "device": settings.device,
         "figures": ("MEASURED (each value's best config and baseline were run)" if measured
                     else "PREDICTED by the simulator"),
         "with_lms": lms_v, "with_lms_first_failing": with_lms.smallest_failing,

@@ -121,7 +121,7 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
         "usable_bytes": int(usable_bytes),
         "safety_margin": settings.safety_margin,
         "budget_source": budget_source,
-        "backend": settings.backend.name,
+        "backend": settings.backend,
         "measured": measured,
         "sources": {"batch_size": label, "throughput": label, "peak_device_bytes": label,
                     "predicted": predicted_label},
@@ -140,7 +140,7 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
         "notes": list(notes),
     }
     if measured:  # where the peak holds: the program, batch dimension, executor and pins it was measured under
-        doc["measured_under"] = conditions(settings.workload, settings.backend, a.get("lms_summary"))
+        doc["measured_under"] = conditions(settings.workload, get_backend(settings.backend), a.get("lms_summary"))
     from .host import add_host_fields
 
     add_host_fields(doc, a, settings, label=label, predicted_label=predicted_label)
@@ -166,7 +166,7 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
         doc["confirmation"] = {k: confirmed[k] for k in _CONFIRMATION_KEYS + ("runs", "rule")}
     base = baseline_trial(trials)
     base_confirmed = confirmed_figures(base, confirmations) if base is not None else None
-    if measured and settings.batch is None and settings.backend.measured:
+    if measured and settings.batch is None and get_backend(settings.backend).measured:
         why = _unconfirmed(settings, confirmed, base_confirmed,
                            cut_short=cut_short,
                            has_baseline=base is not None and base.user_attrs.get("status") == "ok")

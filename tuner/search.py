@@ -117,7 +117,7 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
     start = time.monotonic()
     deadline = None if settings.timeout_s is None else start + settings.timeout_s
     notes = list(settings.notes)
-    backend = settings.backend
+    backend = get_backend(settings.backend)
     storage = open_storage(settings.storage, lock=True)
 
     def ask_lock() -> Any:
@@ -171,7 +171,7 @@ def run_search(settings: SearchSettings, *, progress: Progress | None = None) ->
                 if stored.get("selection") != attrs["selection"]:  # `best` from the storage picks as this run does
                     main.set_user_attr(TUNER_ATTR, {**stored, "selection": attrs["selection"]})
                 log.info("resuming study %s", settings.study)
-            if fresh_process_trials(settings):
+            if fresh_process_trials(settings, backend):
                 # each measured trial is a bracket of fresh processes: the baseline, then the screen's picks
                 # (the TFLMS defaults and the warm values are screened, and measured when the screen picks them)
                 main.enqueue_trial(space.baseline_params(), user_attrs={"warm_start": True}, skip_if_exists=True)
@@ -240,7 +240,7 @@ def _cut_short(run: SearchRun, *, finished: bool, stopped: bool) -> str:
     at another config than the finished search would (a time limit must never turn into another answer).
     """
     s = run.settings
-    if not (s.backend.measured and s.batch is None and s.confirm > 0):
+    if not fresh_process_trials(s, get_backend(s.backend)):
         return ""
     if not finished:
         return "the search was interrupted before the confirmation ended"
@@ -283,12 +283,13 @@ def _smallest_need(trials: Any, screened: Any, *, graph: Any, usable: int, setti
     if best is None:
         return None
     peak, config, measured = best
+    backend = get_backend(settings.backend)
     pred = predict_max_batch(graph, LMSConfig.from_dict(config), usable, device=settings.device,
-                             cap=settings.max_batch, allocator=settings.backend.prediction_allocator,
+                             cap=settings.max_batch, allocator=backend.prediction_allocator,
                              op_costs=op_costs, host_budget=settings.host_budget_bytes)
     return {"batch": settings.batch, "smallest_peak_bytes": peak, "config": config,
-            "peak_source": settings.backend.source_label(measured=measured, device=settings.device),
-            "fits_batch": pred.batch, "fits_batch_source": settings.backend.source_label(
+            "peak_source": backend.source_label(measured=measured, device=settings.device),
+            "fits_batch": pred.batch, "fits_batch_source": backend.source_label(
                 measured=False, device=settings.device)}
 
 

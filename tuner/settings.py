@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .backends import Backend, get_backend
 from .budget import format_bytes
 from .goal import Goal, goal_of
 from .storage import StorageSpec
@@ -22,7 +21,8 @@ class SearchSettings:
         study: study name (a plain folder name).
         model: workload spec (built-in name or ``module:function``).
         model_options: options for the workload factory.
-        backend: the `tuner.backends.Backend` (its name is accepted and looked up once).
+        backend: the backend's name (``--backend``); `tuner.backends.get_backend` gives the backend. A name,
+            not the `tuner.backends.Backend`: a backend's search takes these settings.
         budget_bytes: device memory budget; ``None``: derive (`tuner.graphs.derive_budget`).
         budget_source: how the budget was chosen, for people.
         budget_from_batch: derive the budget as the no-LMS step's peak at this batch (``--budget-from-batch``,
@@ -60,7 +60,7 @@ class SearchSettings:
     study: str
     model: str
     model_options: Mapping[str, Any]
-    backend: Backend
+    backend: str
     budget_bytes: int | None
     budget_source: str
     device: str
@@ -91,7 +91,9 @@ class SearchSettings:
     budget_from_batch: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "backend", get_backend(self.backend))
+        if not isinstance(self.backend, str):
+            raise ValueError(f"SearchSettings.backend={self.backend!r}: must be a backend's name "
+                             "(one of tuner.backends.BACKENDS), not a Backend")
         if self.budget_from_batch is not None and (self.budget_bytes is not None or self.budget_from_batch < 1):
             raise ValueError(f"SearchSettings.budget_from_batch={self.budget_from_batch!r}: must be a batch >= 1, "
                              f"with budget_bytes None (not {self.budget_bytes!r})")
@@ -101,17 +103,13 @@ class SearchSettings:
         return self.studies_dir / self.study
 
     @property
-    def measured(self) -> bool:
-        return self.backend.measured
-
-    @property
     def goal(self) -> Goal:
         """What the study maximises: the largest batch, or the throughput at ``batch`` (`tuner.goal`)."""
         return goal_of(self.batch, cap=self.max_batch)
 
     def identity(self) -> dict[str, Any]:
         """What must not change when a study is resumed."""
-        return {"model": self.model, "model_options": dict(self.model_options), "backend": self.backend.name,
+        return {"model": self.model, "model_options": dict(self.model_options), "backend": self.backend,
                 "device": self.device, "safety_margin": self.safety_margin, "max_batch": self.max_batch,
                 "batch": self.batch}
 

@@ -87,7 +87,7 @@ class MeasuredBackend(Backend):
         recover_stale_trials(screen)
         done_screen = sum(1 for t in screen.get_trials(deepcopy=False) if counted(t))
         done_main = sum(1 for t in run.main.get_trials(deepcopy=False) if counted(t))
-        fresh = fresh_process_trials(s)
+        fresh = fresh_process_trials(s, self)
         run.progress.plan(screen=s.screen_trials - done_screen, trials=s.trials - done_main,
                           repeats=2 * max(0, s.confirm - 1) if fresh else 0, fresh=fresh)
         # the baseline needs no screen: its fresh processes run while the screen simulates (memory verdicts do
@@ -227,7 +227,7 @@ class MeasuredBackend(Backend):
         def should_stop() -> bool:
             return (deadline is not None and time.monotonic() >= deadline) or (stop is not None and stop.is_set())
 
-        if fresh_process_trials(s):
+        if fresh_process_trials(s, self):
             log.info("trial %d: %s (simulator predicts batch %d; one batch per fresh process from there)",
                      trial.number, run.space.table.short_label(config), pred.batch)
             try:

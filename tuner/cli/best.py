@@ -51,7 +51,7 @@ def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | N
         settings = SearchSettings(
             study=args.study, model=str(stored.get("model", "?")),
             model_options=dict(stored.get("model_options") or {}),
-            backend=backend_named(stored.get("backend")) or get_backend("simulate"),
+            backend=(backend_named(stored.get("backend")) or get_backend("simulate")).name,
             budget_bytes=stored.get("budget_bytes"), budget_source="stored", device=str(stored.get("device", "")),
             trials=0, screen_trials=0, storage=spec, studies_dir=args.studies_dir,
             workload=dict(stored.get("workload") or {}), safety_margin=float(stored.get("safety_margin", 0.05)),

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..backends import get_backend
 from ..budget import format_bytes
 from ..knobs import KNOB_TABLE
 from ..storage import mask_secrets, storage_failure
@@ -104,7 +105,7 @@ def _more_trials(outcome: Any, settings: Any) -> str:
 def _search_failure(settings: Any, outcome: Any) -> str:
     """Why the search has no usable result (exit 1), or "" when it has one."""
     rec = outcome.recommendation
-    if rec is not None and (rec.get("measured") or not settings.measured):
+    if rec is not None and (rec.get("measured") or not get_backend(settings.backend).measured):
         return ""
     statuses = dict(outcome.statuses)
     evaluated = sum(statuses.values())

@@ -112,7 +112,7 @@ def build_search_settings(args: argparse.Namespace) -> Any:
     if timeout == 0:
         timeout = None
     settings = SearchSettings(
-        study=study, model=args.model, model_options=options, backend=backend, budget_bytes=budget,
+        study=study, model=args.model, model_options=options, backend=backend.name, budget_bytes=budget,
         budget_source=budget_source, device=device, trials=args.trials or backend.default_trials,
         screen_trials=args.screen_trials, storage=storage, studies_dir=args.studies_dir, timeout_s=timeout,
         trial_timeout_s=args.trial_timeout, seed=args.seed, steps=args.steps, warmup=args.warmup,
@@ -146,7 +146,7 @@ def _claim_problem(settings: Any) -> str:
                 and _sqlite_header(settings.storage.path) not in (b"", b"SQLite format 3\0")):
             raise
         opened = open_storage(settings.storage, lock=True)
-    return claim_problem(opened, settings.study, screened=settings.backend.measured,
+    return claim_problem(opened, settings.study, screened=get_backend(settings.backend).measured,
                          conflict=lambda stored: study_settings_conflict(stored, settings),
                          display=settings.storage.display)
 
