@@ -1,7 +1,8 @@
 """The shape of the code, checked from its imports (no module is imported here).
 
-- no import circle among a package's modules (every import counts, deferred ones inside functions
-  too: deferring an import hides a circle from Python, not from the reader);
+- no import circle among a package's modules (every import counts: deferred ones inside functions,
+  and type-only ones under ``if TYPE_CHECKING:``; deferring an import hides a circle from Python, not
+  from the reader, and a type names a dependency too);
 - no module of ``lms/`` or ``tuner/`` over 500 lines;
 - no ``from x import _private`` across modules: what another module needs is public where it lives.
 """
@@ -43,15 +44,14 @@ def _resolve(module: str, node: ast.ImportFrom) -> str:
 
 
 def _imports(tree: ast.Module):
-    """Every import statement, at module level or deferred inside a function (a deferred import
-    still makes the importer depend on the imported), except those under ``if TYPE_CHECKING:``."""
+    """Every import statement: at module level, deferred inside a function (a deferred import still
+    makes the importer depend on the imported) or under ``if TYPE_CHECKING:`` (the annotations that
+    need it name the imported module's types: the importer depends on it as much)."""
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            stack.extend(node.orelse)
         else:
             stack.extend(ast.iter_child_nodes(node))
 
@@ -76,8 +76,15 @@ def _edges(module: str) -> set[str]:
     return {t for t in targets if not module.startswith(t + ".")}
 
 
+def _graph(package: str) -> dict[str, set[str]]:
+    """Each module of `package` -> the modules of `package` it imports."""
+    members = {m for m in ALL if m == package or m.startswith(package + ".")}
+    return {m: _edges(m) & members for m in sorted(members)}
+
+
 def _circles(package: str) -> list[list[str]]:
-    graph = {m: _edges(m) for m in ALL if m == package or m.startswith(package + ".")}
+    """The import circles of `package`: its strongly connected components of more than one module, sorted."""
+    graph = _graph(package)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     on_stack: set[str] = set()
@@ -115,9 +122,43 @@ def _circles(package: str) -> list[list[str]]:
     return found
 
 
+def _circle_path(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """One walk around a circle: from the component's first module, the shortest way back to it."""
+    start, members = component[0], set(component)
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for v in frontier:
+            for w in sorted(graph[v] & members):
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [*reversed(path), start]
+                if w not in came_from:
+                    came_from[w] = v
+                    following.append(w)
+        frontier = following
+    raise AssertionError(f"{component} is not a circle")
+
+
+def describe_circles(package: str) -> list[str]:
+    """Each circle of `package`: one walk around it, then every import between its modules."""
+    graph = _graph(package)
+    out = []
+    for component in _circles(package):
+        inside = "; ".join(f"{m} -> {', '.join(sorted(graph[m] & set(component)))}" for m in component)
+        out.append(f"{' -> '.join(_circle_path(graph, component))}  (imports inside: {inside})")
+    return out
+
+
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_circle(package):
-    assert _circles(package) == []
+    graph = _graph(package)
+    assert sum(len(targets) for targets in graph.values()) > 50  # the edges were found
+    circles = describe_circles(package)
+    assert not circles, f"import circles in {package}/ (type-only imports count):\n" + "\n".join(circles)
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -143,8 +184,9 @@ def test_no_private_name_imported_across_modules(package):
 
 
 def test_the_checker_sees_a_circle(tmp_path, monkeypatch):
-    """The checker itself: a deferred import closes a circle too; a module that only imports into
-    the circle is not part of it; an import under TYPE_CHECKING is not counted."""
+    """The checker itself: a deferred import closes a circle, and so does an import under
+    TYPE_CHECKING; a module that only imports into a circle is not part of it; the failure names
+    one walk around each circle."""
     pkg = tmp_path / "demo"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
@@ -152,10 +194,14 @@ def test_the_checker_sees_a_circle(tmp_path, monkeypatch):
     (pkg / "b.py").write_text("def f():\n    from . import a\n")
     (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nfrom demo.b import f\nif TYPE_CHECKING:\n    from demo import d\n")
     (pkg / "d.py").write_text("from demo.c import f\n")
+    (pkg / "e.py").write_text("from demo import a\n")
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     mods = _modules("demo")
     monkeypatch.setitem(globals(), "ALL", mods)
-    assert _circles("demo") == [["demo.a", "demo.b"]]
+    assert _circles("demo") == [["demo.a", "demo.b"], ["demo.c", "demo.d"]]
+    assert describe_circles("demo") == [
+        "demo.a -> demo.b -> demo.a  (imports inside: demo.a -> demo.b; demo.b -> demo.a)",
+        "demo.c -> demo.d -> demo.c  (imports inside: demo.c -> demo.d; demo.d -> demo.c)"]
 
 
 def test_the_suites_longest_first_order_names_files_that_exist() -> None:
