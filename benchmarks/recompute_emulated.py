@@ -3,7 +3,7 @@
 The tuner does not search ``recompute`` yet, so this script does by hand what
 its default emulated search does for a few configs:
 
-1. the budget the default search derives (`tuner.search.derive_emulated_budget`:
+1. the budget the default search derives (`tuner.graphs.derive_emulated_budget`:
    the simulator's no-LMS peak at batch 32, BFC allocator replayed), minus the
    default 5% safety margin;
 2. per config, the simulator's largest batch under it (`tuner.batch.predict_max_batch`,
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     import paper
     import simulator_accuracy as acc
     from tuner.batch import predict_max_batch, usable_bytes
-    from tuner.search import derive_emulated_budget
+    from tuner.graphs import derive_emulated_budget
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--image-size", type=int, default=64)

@@ -16,7 +16,7 @@ unknown when tracing (one trace per process). Three figures (issue 14):
    (``n_tensors=0, schedule="memory"``) versus plain; target: median step time
    at most 5% longer (processes alternate, so drift hits both);
 3. max batch under the tuner's default emulated budget
-   (`tuner.search.derive_emulated_budget` of ResNet-50 64x64), found by the
+   (`tuner.graphs.derive_emulated_budget` of ResNet-50 64x64), found by the
    tuner's own max-batch search (a `tuner.trial` worker per config), without
    LMS and with LMS (TF's order, and the memory schedule); target: >= 4.5x the
    batch at >= 0.8x the throughput.

@@ -1,12 +1,19 @@
-"""Every dotted `lms.`/`tuner.` name in README.md, docs/*.md and the packages' docstrings resolves.
+"""Every dotted `lms.`/`tuner.` name in README.md, docs/*.md and the source's docstrings resolves, and
+every path the source's docstrings and comments name exists.
 
 A name in a guide that no test checks drifts (the README once sent users to
 ``lms.tf.measure.configure_gpu_memory_growth()``, which lives in `lms.tf.allocator`). A name
 resolves when importing its longest module prefix and then ``getattr`` along the rest succeeds
 (``lms.graph.Op.live``, ``lms.tf.allocator.configure_cpu_allocator``); ``from lms.x import a, b``
-lines in code blocks are checked name by name. In the source of `lms` and `tuner`, a name in single
-backticks is a reference (`lms.tf.exact`) and is checked; double backticks are literal text (the
-study attribute ``tuner.graph``, the entry-point group ``lms.document_schemas``) and are not.
+lines in code blocks are checked name by name. In the source of `lms`, `tuner` and `benchmarks`, a
+name in backticks, single or double (`lms.tf.exact`, ``lms.function``), is checked; the few dotted
+strings that are not Python names (the schema ``tuner.graph``, the entry-point group
+``lms.document_schemas``) are listed in `NOT_PYTHON_NAMES`, each with what it is. A bare dotted word
+in prose is not checked there (``x.lms.config``, a logger's name).
+
+Paths: ``tests/...py``, ``lms/...py``, ``tuner/...py``, ``benchmarks/...py`` and ``docs/...md`` named
+in a docstring or a comment of those packages or of the tests exist (a test file moved into
+``tests/tuner/`` was still named at its old place in a docstring of ``tests/forked_cli.py``).
 
 Two parts, so the common case stays fast: every name is resolved in a subprocess with TensorFlow
 and Keras blocked (well under a second); names that need TensorFlow to resolve (``lms.function``,
@@ -15,12 +22,15 @@ and Keras blocked (well under a second); names that need TensorFlow to resolve (
 
 from __future__ import annotations
 
+import ast
 import importlib
+import io
 import json
 import re
 import subprocess
 import sys
 import textwrap
+import tokenize
 from functools import lru_cache
 from pathlib import Path
 
@@ -37,15 +47,23 @@ _FROM_IMPORT = re.compile(r"^\s*from\s+((?:lms|tuner)(?:\.\w+)*)\s+import\s+\(?(
 # ``lms.md``, ``tuner.md`` (link texts), ``results.json``: file names, not Python names
 _FILE_SUFFIXES = {"md", "py", "json", "csv", "html", "png", "txt", "toml", "yaml", "yml", "log", "db"}
 
-#: Dotted names the docs use that are not Python names, each with what it is.
+#: Dotted names the docs or the source use that are not Python names, each with what it is.
 NOT_PYTHON_NAMES = {
     "tuner.recommendation": "the schema name of a recommended.json document (lms.jsonfile), not a module",
+    "tuner.graph": "the schema name of the traced graph's JSON document the search caches (graph.json)",
+    "tuner.device": "a study attribute: the simulator's device profile the search used",
+    "lms.document_schemas": "the entry-point group that registers JSON document schemas (lms.config)",
 }
 
 NEEDS_TF = "needs TensorFlow"
 
-_SOURCE_REFERENCE = re.compile(r"(?<![`\w.])`((?:lms|tuner)(?:\.[A-Za-z_]\w*)+)(?:\(\))?`(?!`)")
-SOURCES = sorted(p for package in ("lms", "tuner") for p in (ROOT / package).rglob("*.py"))
+_SOURCE_REFERENCE = re.compile(r"(?<![`\w.])(``?)((?:lms|tuner)(?:\.[A-Za-z_]\w*)+)(?:\(\))?\1(?!`)")
+SOURCE_PACKAGES = ("lms", "tuner", "benchmarks")
+SOURCES = sorted(p for package in SOURCE_PACKAGES for p in (ROOT / package).rglob("*.py"))
+PATH_SOURCES = sorted([*SOURCES, *(ROOT / "tests").rglob("*.py")])
+# A repository path to a module or a guide, not inside a longer path (``studies/x/tests/a.py``)
+_SOURCE_PATH = re.compile(r"(?<![\w./-])((?:tests|lms|tuner|benchmarks)/(?:[\w.-]+/)*[\w.-]*\w\.py"
+                          r"|docs/(?:[\w.-]+/)*[\w.-]*\w\.md)(?![\w/])")
 
 
 def names_in(text: str) -> set[str]:
@@ -77,13 +95,42 @@ def documented_names() -> dict[str, list[str]]:
 
 
 def referenced_names() -> dict[str, list[str]]:
-    """Each name in single backticks in the source of `lms` and `tuner` -> the files that mention it."""
+    """Each name in backticks in the source of `lms`, `tuner` and `benchmarks` -> the files that mention it."""
     where: dict[str, list[str]] = {}
     for source in SOURCES:
         for match in _SOURCE_REFERENCE.finditer(source.read_text(encoding="utf-8")):
-            files = where.setdefault(match.group(1), [])
+            if match.group(2) in NOT_PYTHON_NAMES:
+                continue
+            files = where.setdefault(match.group(2), [])
             if str(source.relative_to(ROOT)) not in files:
                 files.append(str(source.relative_to(ROOT)))
+    return where
+
+
+def prose_of(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every comment and docstring (module, class, function) of a Python source."""
+    found = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+             if tok.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            docstring = ast.get_docstring(node, clean=False)
+            if docstring is not None:
+                found.append((node.body[0].lineno, docstring))
+    return sorted(found)
+
+
+def paths_in(source: str) -> list[tuple[int, str]]:
+    """(line, path) of each repository path named in the comments and docstrings of a Python source."""
+    return [(line + text.count("\n", 0, match.start()), match.group(1))
+            for line, text in prose_of(source) for match in _SOURCE_PATH.finditer(text)]
+
+
+def referenced_paths() -> dict[str, list[str]]:
+    """Each path named in a comment or docstring of `lms`, `tuner`, `benchmarks` and the tests -> ``file:line``s."""
+    where: dict[str, list[str]] = {}
+    for source in PATH_SOURCES:
+        for line, path in paths_in(source.read_text(encoding="utf-8")):
+            where.setdefault(path, []).append(f"{source.relative_to(ROOT)}:{line}")
     return where
 
 
@@ -170,9 +217,21 @@ def test_names_are_found_in_prose_code_spans_and_code_blocks():
                               "lms.tf.allocator.configure_cpu_allocator", "tuner.batch.search_max_batch"}
 
 
-def test_source_references_are_single_backticked_names():
-    text = 'See `lms.tf.exact`, `lms.function()`, ``tuner.graph``, `x.lms.config` and lms.graph.\n'
-    assert [m.group(1) for m in _SOURCE_REFERENCE.finditer(text)] == ["lms.tf.exact", "lms.function"]
+def test_source_references_are_backticked_names():
+    text = 'See `lms.tf.exact`, `lms.function()`, ``tuner.graph``, ``lms.x`y``, `x.lms.config` and lms.graph.\n'
+    assert [m.group(2) for m in _SOURCE_REFERENCE.finditer(text)] == ["lms.tf.exact", "lms.function", "tuner.graph"]
+
+
+def test_paths_are_found_in_comments_and_docstrings_only():
+    source = textwrap.dedent('''\
+        """Module: see tests/test_planner.py and docs/lms.md."""
+        PATH = "tests/in_code.py"  # a comment names lms/plan/swap_plan.py
+        def f():
+            """Writes benchmarks/results/x.json,
+            from benchmarks/plan_apply.py; not studies/x/tests/a.py."""
+        ''')
+    assert paths_in(source) == [(1, "tests/test_planner.py"), (1, "docs/lms.md"), (2, "lms/plan/swap_plan.py"),
+                                (5, "benchmarks/plan_apply.py")]
 
 
 def test_resolve_follows_modules_then_attributes():
@@ -191,8 +250,8 @@ def test_the_check_finds_the_names_the_readme_once_had_wrong():
                        "lms.tf.allocator.configure_cpu_allocator": "ok"}
 
 
-def test_the_names_that_are_not_python_names_are_still_in_the_docs():
-    text = "\n".join(doc.read_text(encoding="utf-8") for doc in DOCS)
+def test_the_names_that_are_not_python_names_are_still_in_the_docs_or_the_source():
+    text = "\n".join(p.read_text(encoding="utf-8") for p in [*DOCS, *SOURCES])
     assert [name for name in NOT_PYTHON_NAMES if name not in text] == []
 
 
@@ -208,7 +267,14 @@ def test_every_backticked_name_in_the_packages_source_resolves_without_tensorflo
     results, where = resolved_without_tensorflow(), referenced_names()
     assert results["lms.machine.nvml.gpu_inventory"] == "ok"  # docstrings once said lms.nvml.gpu_inventory
     broken = _broken(results, where)
-    assert not broken, "names in docstrings of lms/ or tuner/ that do not resolve:\n" + "\n".join(broken)
+    assert not broken, "names in the source of lms/, tuner/ or benchmarks/ that do not resolve:\n" + "\n".join(broken)
+
+
+def test_every_path_in_the_sources_docstrings_and_comments_exists():
+    where = referenced_paths()
+    assert len(where) > 20, sorted(where)  # the extraction found the paths
+    missing = [f"{path} ({', '.join(places)})" for path, places in sorted(where.items()) if not (ROOT / path).is_file()]
+    assert not missing, "paths in docstrings or comments that do not exist:\n" + "\n".join(missing)
 
 
 @pytest.mark.tf
