@@ -136,7 +136,7 @@ ROWS: tuple[RowSpec, ...] = (
 DIFFERENCES = [
     "TensorFlow 2.21 / Keras 3 graphs, not TF 1.x: Keras 3 BatchNormalization is not fused; its forward keeps "
     "several full-size tensors per layer and its gradient makes about four full-size intermediates "
-    "(TF-NOTES). The paper's TF 1.x models used fused batch norm.",
+    "(docs/tf-notes.md). The paper's TF 1.x models used fused batch norm.",
     "Keras 3 Conv2D/Conv3D layers carry a bias: a BiasAdd output per convolution.",
     "Optimizers: ResNet-50 SGD with momentum 0.9 (one slot); 3D U-Net and GPT-2 Adam (two slots). The "
     "optimizer computes momentum*m for every variable as soon as the step starts (TF's executor runs it "

@@ -43,7 +43,7 @@ PAPER = {"no_lms": 176, "lms": 832, "ratio": 4.7, "device": "P100 16 GB (IBM Min
          "framework": "TensorFlow 1.x, fused BatchNorm", "source": "Le et al., TFLMS (2018), ResNet-50 results"}
 DIFFERENCES = [
     "TF 2.21 / Keras 3 ResNet-50: BatchNormalization is not fused; its forward keeps several full-size "
-    "tensors per layer and its gradient makes about four full-size intermediates (TF-NOTES).",
+    "tensors per layer and its gradient makes about four full-size intermediates (docs/tf-notes.md).",
     "Keras 3 Conv2D layers carry a bias (keras.applications ResNet50): a BiasAdd output per conv.",
     "The optimizer (SGD momentum) computes momentum*m for every variable as soon as the step starts "
     "(TF's executor runs it first) and holds it until that variable's gradient exists.",

@@ -2,7 +2,7 @@
 
 TensorFlow reads these variables when its runtime starts (first op or device
 query): they must be set before any test runs TensorFlow. The BFC allocator on CPU makes
-`tf.config.experimental.get_memory_info("CPU:0")` byte-exact (TF-NOTES).
+`tf.config.experimental.get_memory_info("CPU:0")` byte-exact (docs/tf-notes.md).
 
 oneDNN is switched on explicitly (``TF_ENABLE_ONEDNN_OPTS=1``): TensorFlow turns it on by
 default only on CPUs with AVX-512 VNNI/BF16 or AMX, so on an AVX2-only CPU the suite would

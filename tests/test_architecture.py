@@ -176,7 +176,7 @@ def test_no_private_name_imported_across_modules(package):
                 continue
             source = _resolve(module, node)
             if source == module or source.split(".")[0] not in PACKAGES:
-                continue  # a third party's private name is its business (and TF-NOTES')
+                continue  # a third party's private name is its business (docs/tf-notes.md: TF's we rely on)
             for alias in node.names:
                 if alias.name.startswith("_") and not alias.name.startswith("__"):
                     found.append(f"{module}: from {source} import {alias.name}")

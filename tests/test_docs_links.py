@@ -1,4 +1,6 @@
-"""The README stays a front door, and every relative link in it and in docs/ resolves (file and #anchor).
+"""The README stays a front door, and every relative link in it and in docs/ resolves (file and #anchor)
+inside the repository: a guide that sends the reader to a file beside the repository (``../shared/...``)
+works only on the machine it was written on.
 
 Plain text processing, no TensorFlow: runs in well under a second.
 """
@@ -13,12 +15,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 MAX_README_LINES = 250
-DOCS = sorted([README, *(ROOT / "docs").glob("*.md")])
+DOCS = sorted([README, *(ROOT / "docs").rglob("*.md")])
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1\s*$", re.MULTILINE | re.DOTALL)
 _INLINE_CODE = re.compile(r"`[^`\n]*`")
 _LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)\)")
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$", re.MULTILINE)
+# A relative path that climbs (``../x``), in a link, a code span or prose; not ``.../`` (an elided name)
+_CLIMBING_PATH = re.compile(r"(?<![\w.])((?:\.\./)+[\w.-][\w./-]*)")
 
 
 def _prose(text: str) -> str:
@@ -91,6 +95,39 @@ def test_every_relative_link_resolves(doc: Path):
         if anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target}: no heading with anchor #{anchor} in {dest.relative_to(ROOT)}")
     assert not broken, f"{doc.relative_to(ROOT)}: broken links:\n" + "\n".join(broken)
+
+
+def paths_outside_the_repository(path: Path) -> list[str]:
+    """Relative paths in `path` (links, code spans, code blocks, prose) that lead out of the repository: every
+    link, and every path that climbs (``../``), must reach a file or folder of the repository from `path`'s folder.
+    (``../shared/x.md`` in docs/ names a ``shared/`` beside the repository, not one inside it.)"""
+    text = path.read_text(encoding="utf-8")
+    candidates = [*relative_links(path), *(m.group(1) for m in _CLIMBING_PATH.finditer(text))]
+    outside = set()
+    for target in candidates:
+        file_part = target.partition("#")[0]
+        dest = (path.parent / file_part).resolve()
+        if file_part and not (dest.is_relative_to(ROOT) and dest.exists()):
+            outside.add(target)
+    return sorted(outside)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_doc_points_outside_the_repository(doc: Path):
+    assert paths_outside_the_repository(doc) == [], \
+        f"{doc.relative_to(ROOT)} names files outside the repository; bring what it needs into docs/"
+
+
+def test_the_outside_check_finds_a_path_beside_the_repository(tmp_path: Path, monkeypatch):
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    (tmp_path / "docs").mkdir()
+    doc = tmp_path / "docs" / "a.md"
+    (tmp_path / "README.md").write_text("# R\n", encoding="utf-8")
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "run.py").write_text("", encoding="utf-8")
+    doc.write_text("See `../shared/NOTES.md`, [up](../../x.md), [ok](../README.md#r), `gradient_tape/.../MatMul`,\n"
+                   "and ../examples/run.py, [here](#top).\n", encoding="utf-8")
+    assert paths_outside_the_repository(doc) == ["../../x.md", "../shared/NOTES.md"]
 
 
 def test_the_link_check_finds_a_broken_link(tmp_path: Path):

@@ -4,7 +4,7 @@ Every swapped byte sits in host memory while it is out (`lms.sim.host`). On a
 GPU that is TF's pinned host allocator (``gpu_host_bfc``), page-locked memory the
 OS cannot page out, capped per process by ``TF_GPU_HOST_MEM_LIMIT_IN_MB``: 128 GiB
 by default in TF 2.21 (``1 << 17`` MB, read in ``GPUProcessState::GetGpuHostAllocator``;
-64 GiB, ``1 << 16``, in TF releases before about 2.12; see ../shared/TF-NOTES.md).
+64 GiB, ``1 << 16``, in TF releases before about 2.12; see docs/tf-notes.md).
 
 - Default budget (`default_host_budget`): `HOST_FRACTION` (75%) of this machine's
   physical RAM, the rest left to the OS, the input pipeline and the process; on a

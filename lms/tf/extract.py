@@ -1,6 +1,6 @@
 """Read a traced TensorFlow training step into the framework-free graph model (`lms.graph.Graph`).
 
-Roles (see ``TF-NOTES.md``):
+Roles (the TensorFlow facts behind them: docs/tf-notes.md):
 - ``FORWARD``: ops the loss depends on through data edges.
 - ``BACKWARD``: ops made by ``tape.gradient`` (given explicitly, e.g. recorded
   while tracing) and every op whose name starts with ``gradient_tape/``.
