@@ -21,6 +21,10 @@ _FENCE = re.compile(r"^(```|~~~).*?^\1\s*$", re.MULTILINE | re.DOTALL)
 _INLINE_CODE = re.compile(r"`[^`\n]*`")
 _LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)\)")
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$", re.MULTILINE)
+# A commit hash: 7-40 hex digits, a letter and a digit among them, not part of a word, a path or a number
+_COMMIT = re.compile(r"(?<![\w/.#])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w/]|\.\w)")
+#: The reference guides say what holds now; dated runs with the commit each ran live in docs/notes/.
+GUIDES = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "results.md")  # results.md: a record by design
 # A relative path that climbs (``../x``), in a link, a code span or prose; not ``.../`` (an elided name)
 _CLIMBING_PATH = re.compile(r"(?<![\w.])((?:\.\./)+[\w.-][\w./-]*)")
 
@@ -128,6 +132,24 @@ def test_the_outside_check_finds_a_path_beside_the_repository(tmp_path: Path, mo
     doc.write_text("See `../shared/NOTES.md`, [up](../../x.md), [ok](../README.md#r), `gradient_tape/.../MatMul`,\n"
                    "and ../examples/run.py, [here](#top).\n", encoding="utf-8")
     assert paths_outside_the_repository(doc) == ["../../x.md", "../shared/NOTES.md"]
+
+
+def commit_hashes(text: str) -> list[str]:
+    """The commit hashes in the prose of a Markdown text (code blocks are examples)."""
+    return _COMMIT.findall(_prose(text))
+
+
+@pytest.mark.parametrize("guide", GUIDES, ids=lambda p: p.name)
+def test_no_reference_guide_names_a_commit(guide: Path):
+    found = commit_hashes(guide.read_text(encoding="utf-8"))
+    assert found == [], (f"docs/{guide.name} names commits {found}: a guide says what holds now; move the dated "
+                         "account into docs/notes/<topic>.md and link it in one line")
+
+
+def test_the_commit_check_finds_hashes_and_nothing_else():
+    text = ("fixed (c4bef8f); at df13c3f-ac40c6b; code 3a081c2.\n"
+            "Not: 1,613 tests, 0x7f3a2b1c, deadbeef, studies/abc1234/, run1a2b3c4d, 1234567, v2.21.0.\n")
+    assert commit_hashes(text) == ["c4bef8f", "df13c3f", "ac40c6b", "3a081c2"]
 
 
 def test_the_link_check_finds_a_broken_link(tmp_path: Path):

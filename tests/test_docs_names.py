@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 
 # A dotted name that starts with lms or tuner, not inside a longer name (``model.lms.summary``) or a
 # path (``docs/lms.md``, ``lms/tf/apply.py`` has no dot after ``lms`` anyway).
