@@ -168,8 +168,8 @@ def test_gelu_recompute_keeps_grapplers_rewrites(emulate, check):
 def _harmful_trigger(monkeypatch):
     original = lms.tf.rewriter.plan_swaps
 
-    def plan(graph, config):
-        p = original(graph, config)
+    def plan(graph, config, **kw):
+        p = original(graph, config, **kw)
         (s,) = p.swaps
         si = dataclasses.replace(s.swap_ins[0], trigger="gradient_tape/mul_1")
         return dataclasses.replace(p, swaps=(dataclasses.replace(s, swap_ins=(si,)),))
