@@ -84,7 +84,7 @@ FILE_SECONDS = {
     "tests/tf/test_realworld.py": 119, "tests/tf/test_bitwise.py": 79, "tests/tuner/test_faults.py": 58,
     "tests/tuner/test_cli.py": 57, "tests/tf/test_models.py": 56, "tests/tuner/test_reliability3.py": 44,
     "tests/tuner/test_reliability4.py": 41,
-    "tests/tf/test_realworld3.py": 55,
+    "tests/tf/test_realworld3.py": 33,
     "tests/tf/test_pin.py": 42, "tests/tuner/test_confirm.py": 38, "tests/tf/test_measure.py": 36,
     "tests/tf/test_exact.py": 28, "tests/tuner/test_one_truth.py": 28, "tests/tuner/test_fixed_batch.py": 23,
     "tests/tf/test_auto.py": 22, "tests/test_zoo_search.py": 19, "tests/tuner/test_zygote.py": 19,

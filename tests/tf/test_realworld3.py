@@ -25,16 +25,11 @@ from tests.tf.realworld2 import CONFIG_CLASSES  # noqa: E402
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
 PROGRAMS = {**realworld3.LOOPS, **realworld3.FITS}
-#: Known to differ, open in issue 55, so not claimed here: the CycleGAN with recomputation and fused
-#: swap-ins differed in 1 of 8 values of one variable in one suite run (bitwise in others; plain repeats).
-NOT_YET_BITWISE = frozenset({("cyclegan", "recompute-fused")})
 
 
 def _cases():
     for i, name in enumerate(PROGRAMS):
         for j, cls in enumerate(CONFIG_CLASSES):
-            if (name, cls) in NOT_YET_BITWISE:
-                continue
             emulates = (True, False) if name == "convnext_grouped" else ((i + j) % 2 == 0,)
             for emulate in emulates:
                 yield pytest.param(name, cls, emulate, id=f"{name}-{cls}-{'emulated' if emulate else 'device'}")
