@@ -80,6 +80,18 @@ def nt_xent():
     return step, (a, b)
 
 
+def _gradient_step(m):  # noqa: ANN001, ANN202
+    """A step that returns the gradients of `m`'s sparse cross-entropy (logits) on a batch."""
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, m(x, training=True))
+        return tape.gradient(loss, m.trainable_variables)
+
+    return step
+
+
 def vit_mlp():
     """Case 3: a ViT MLP block's GELUs, recomputed (``0.5 * x`` keeps one reader and is reassociated)."""
     keras.utils.set_random_seed(1)
@@ -88,14 +100,7 @@ def vit_mlp():
     m = keras.Model(inp, keras.layers.Dense(10)(keras.layers.Flatten()(h)))
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(4, 16, 16)).astype("float32"), np.arange(4)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, m(x, training=True))
-        return tape.gradient(loss, m.trainable_variables)
-
-    return step, (x, y)
+    return _gradient_step(m), (x, y)
 
 
 def convnext_block():
@@ -109,14 +114,7 @@ def convnext_block():
     m = keras.Model(inp, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(keras.layers.Add()([x, h]))))
     x = np.random.default_rng(0).normal(size=(8, 32, 32, 3)).astype("float32")
     y = np.arange(8) % 10
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, m(x, training=True))
-        return tape.gradient(loss, m.trainable_variables)
-
-    return step, (x, y)
+    return _gradient_step(m), (x, y)
 
 
 def _differing(step, args, fn) -> list[int]:
