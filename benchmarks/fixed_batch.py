@@ -4,14 +4,14 @@ Setting (issue 16's): simulate backend, ResNet-50 (224x224x3, 1000 classes, SGD
 momentum), budget 16 GiB with the tuner's 5% safety margin, device profile
 P100-16GB; every figure is PREDICTED by the simulator.
 
-1. The no-LMS max batch B0 (`tuner.batch.predict_max_batch` of ``n_tensors=0``).
+1. The no-LMS max batch B0 (`tuner.policy.batch.predict_max_batch` of ``n_tensors=0``).
 2. For N = 2 B0, 3 B0, 4 B0, the exhaustive grid: every distinct config of the
-   tuner's space simulated at batch N (`tuner.batch.predict_at_batch`, what the
+   tuner's space simulated at batch N (`tuner.policy.batch.predict_at_batch`, what the
    simulate backend runs with ``--batch N``); the best is the fastest that fits.
 3. The tuner: `tuner.loop.optimize` with the fixed-batch goal, its sampler and
    warm start, for several seeds, with at most 15% of the grid's configs; its
    trials are looked up in the grid (deterministic, so what the tuner would compute).
-   Its pick is the fastest feasible config it evaluated (`tuner.selection.select_recommendation`).
+   Its pick is the fastest feasible config it evaluated (`tuner.policy.selection.select_recommendation`).
 
 Prints the figures and writes ``benchmarks/results/fixed_batch.json``::
 
@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from lms.config import LMSConfig, atomic_write_text  # noqa: E402
-from tuner.batch import Prediction, predict_at_batch, predict_max_batch, usable_bytes  # noqa: E402
+from tuner.policy.batch import Prediction, predict_at_batch, predict_max_batch, usable_bytes  # noqa: E402
 from tuner.budget import format_bytes, parse_budget  # noqa: E402
 
 import tuner_efficiency as te  # noqa: E402  (the traced graph and the model fingerprint, shared)
@@ -64,10 +64,10 @@ def run_tuner(space: Any, grid: dict[str, dict], *, batch: int, seed: int, trial
     """The tuner's loop at a fixed batch, its evaluations answered from the grid."""
     import optuna
 
-    from tuner.records import predicted_record
-    from tuner.knobs import canonical_key
+    from tuner.policy.records import predicted_record
+    from tuner.policy.knobs import canonical_key
     from tuner.loop import optimize
-    from tuner.selection import select_recommendation
+    from tuner.policy.selection import select_recommendation
     from tuner.progress import Progress
     from tuner.study import make_sampler
 
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from lms.plan import find_candidates
-    from tuner.space import SearchSpace
+    from tuner.policy.space import SearchSpace
 
     te.CACHE.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()

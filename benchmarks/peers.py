@@ -14,7 +14,7 @@ output says so with TensorFlow's error; ``list_of_layers`` is given the layers t
 1. Budget: ResNet-50 as ``python -m tuner search --model resnet50`` derives it
    (`tuner.graphs.derive_emulated_budget`: the simulator's no-LMS peak at batch 32, 576 MiB), less the
    tuner's 5% margin; the small GPT: 256 MiB, `transformer_emulated.py`'s (``--gpt-budget-mib``).
-2. Largest batch, per method: the tuner's bracket of fresh processes (`tuner.bracket.next_batch`), each
+2. Largest batch, per method: the tuner's bracket of fresh processes (`tuner.policy.bracket.next_batch`), each
    process one batch from its first step as the tuner's ``--batch N`` worker runs it: TF's single-threaded
    executor, one inter-op thread, oneDNN on, 2 warm-up and 5 timed steps, stopped at the first timed step
    over the usable budget; until a batch that fitted ``--repeats`` processes sits next to one that did
@@ -60,13 +60,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from lms.config import atomic_write_text
-from tuner.bracket import ends, next_batch, start_from_peaks, verdicts
+from tuner.policy.bracket import ends, next_batch, start_from_peaks, verdicts
 
 RESULTS = ROOT / "benchmarks" / "results" / "peers.json"
 CACHE = ROOT / "benchmarks" / "results" / "cache" / "peers"
 RECOMMENDED = ROOT / "benchmarks" / "results" / "default_search_resnet50_emulated" / "run1_recommended.json"
 MiB, GiB = 1 << 20, 1 << 30
-SAFETY_MARGIN = 0.05  # the tuner's default (`tuner.batch.usable_bytes`)
+SAFETY_MARGIN = 0.05  # the tuner's default (`tuner.policy.batch.usable_bytes`)
 CAP = 4096  # the tuner's default --max-batch
 MEASURED = "MEASURED (emulated device: this CPU, TF BFC allocator peak)"
 PREDICTED = "PREDICTED (lms.simulator)"
@@ -488,7 +488,7 @@ def measure_model(model: ModelSpec, methods: Sequence[str], run: Run, *, common_
                   gpt_budget_mib: int) -> dict[str, Any]:
     from lms.auto import NoConfigFits, choose_config
     from lms.config import LMSConfig
-    from tuner.batch import predict_max_batch, usable_bytes
+    from tuner.policy.batch import predict_max_batch, usable_bytes
     from tuner.graphs import derive_emulated_budget
 
     t0 = time.perf_counter()
@@ -737,7 +737,7 @@ def predicted_verdicts(pred: Mapping[str, Any]) -> list[str]:
 def check_peer_graphs(model: ModelSpec, measured: Mapping[str, Any], run: Run) -> dict[str, Any]:
     """The peer graphs traced at the measured model's size, simulated on the ``cpu`` profile (BFC replayed) at
     the usable budget: PREDICTED largest batch beside the MEASURED one (how far to trust the PREDICTED part)."""
-    from tuner.batch import predict_max_batch
+    from tuner.policy.batch import predict_max_batch
 
     out = {}
     for key, m in measured.get("methods", {}).items():

@@ -6,7 +6,7 @@ its default emulated search does for a few configs:
 1. the budget the default search derives (`tuner.graphs.derive_emulated_budget`:
    the simulator's no-LMS peak at batch 32, BFC allocator replayed), minus the
    default 5% safety margin;
-2. per config, the simulator's largest batch under it (`tuner.batch.predict_max_batch`,
+2. per config, the simulator's largest batch under it (`tuner.policy.batch.predict_max_batch`,
    ``device="cpu"``: TF's single-threaded executor order, BFC replayed): PREDICTED;
 3. per config, one measured run at that batch in a fresh process (the
    ``benchmarks/simulator_accuracy.py`` child: emulated swap ops, TF's
@@ -47,7 +47,7 @@ CONFIGS: dict[str, dict[str, Any] | None] = {
 def main(argv: list[str] | None = None) -> int:
     import paper
     import simulator_accuracy as acc
-    from tuner.batch import predict_max_batch, usable_bytes
+    from tuner.policy.batch import predict_max_batch, usable_bytes
     from tuner.graphs import derive_emulated_budget
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

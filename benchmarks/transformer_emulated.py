@@ -4,12 +4,12 @@ Issue 32 asks that the emulated device confirm, on a small GPT, the direction of
 to how transformers are planned. Per config (no LMS; every candidate swapped with the
 memory schedule, `recompute` none and ``"cheap"``):
 
-1. the simulator's largest batch under the usable budget (`tuner.batch.predict_max_batch`,
+1. the simulator's largest batch under the usable budget (`tuner.policy.batch.predict_max_batch`,
    ``device="cpu"``: TF's single-threaded executor order, BFC allocator replayed): PREDICTED;
 2. the largest batch whose step fits, MEASURED in fresh processes (the
    ``benchmarks/simulator_accuracy.py`` child: emulated swap ops, the schedule pinned whole,
    BFC allocator peak of three steps after two warm-ups): the tuner's bracket
-   (`tuner.batch.search_max_batch`) from the prediction, until a fitting batch sits next
+   (`tuner.policy.batch.search_max_batch`) from the prediction, until a fitting batch sits next
    to one that does not.
 
 Run it from two checkouts to compare code (each writes its own JSON, `--label`)::
@@ -48,7 +48,7 @@ CONFIGS: dict[str, dict[str, Any] | None] = {
     "memory schedule": {"n_tensors": -1, "lb": 1, "schedule": "memory"},
     "memory schedule, recompute=cheap": {"n_tensors": -1, "lb": 1, "schedule": "memory", "recompute": "cheap"},
 }
-SAFETY_MARGIN = 0.05  # the tuner's default (`tuner.batch.usable_bytes`)
+SAFETY_MARGIN = 0.05  # the tuner's default (`tuner.policy.batch.usable_bytes`)
 
 
 def _lms_digest() -> str:
@@ -63,7 +63,7 @@ def _lms_digest() -> str:
 def main(argv: list[str] | None = None) -> int:
     import paper
     import simulator_accuracy as acc
-    from tuner.batch import Measurement, predict_max_batch, search_max_batch, usable_bytes
+    from tuner.policy.batch import Measurement, predict_max_batch, search_max_batch, usable_bytes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget-mib", type=int, default=256, help="device budget (MiB) the batch must fit")
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({'fits' if probes[batch]['fits'] else 'over'} {usable / MiB:.1f})", file=sys.stderr, flush=True)
             return record["measured_peak_bytes"]
 
-        # the tuner's bracket (`tuner.batch.search_max_batch`), closed to adjacent batches
+        # the tuner's bracket (`tuner.policy.batch.search_max_batch`), closed to adjacent batches
         found = search_max_batch(lambda b: Measurement(peak_bytes=measure(b)), usable=usable, start=pred.batch,
                                  cap=4096, resolution=0.0, max_probes=16,
                                  slope_bytes_per_sample=pred.peak_bytes / pred.batch if pred.batch else None)

@@ -2,10 +2,10 @@
 
 Setting (the issue's): simulate backend, ResNet-50 (keras.applications, 224x224x3,
 1000 classes, SGD momentum), budget 16 GiB, device profile V100-16GB, the
-tuner's own search space (`tuner.space.SearchSpace`) and 5% safety margin.
+tuner's own search space (`tuner.policy.space.SearchSpace`) and 5% safety margin.
 
 1. The exhaustive grid: every point of the search space, simulated
-   (`tuner.batch.predict_max_batch`, what the tuner's simulate backend runs).
+   (`tuner.policy.batch.predict_max_batch`, what the tuner's simulate backend runs).
    Points that plan identically (e.g. every ``n_tensors=0`` point) are one
    config; the grid's trial count is its number of distinct configs.
 2. The tuner: `tuner.loop.optimize` with the tuner's sampler and warm start
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from lms.config import LMSConfig, atomic_write_text  # noqa: E402
-from tuner.batch import predict_max_batch, usable_bytes  # noqa: E402
+from tuner.policy.batch import predict_max_batch, usable_bytes  # noqa: E402
 from tuner.budget import format_bytes, parse_budget  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -121,11 +121,11 @@ def run_tuner(space: Any, grid: dict[str, dict], *, sampler: str, seed: int, tri
               device: str, explore_on_repeat: bool = True) -> dict[str, Any]:
     import optuna
 
-    from tuner.batch import Prediction
+    from tuner.policy.batch import Prediction
     from tuner.progress import Progress
-    from tuner.knobs import canonical_key
+    from tuner.policy.knobs import canonical_key
     from tuner.loop import optimize
-    from tuner.records import predicted_record
+    from tuner.policy.records import predicted_record
     from tuner.study import make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from lms.plan import find_candidates
-    from tuner.space import SearchSpace
+    from tuner.policy.space import SearchSpace
 
     CACHE.mkdir(parents=True, exist_ok=True)
     usable = usable_bytes(args.budget, 0.05)

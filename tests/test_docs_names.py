@@ -210,11 +210,11 @@ def test_names_are_found_in_prose_code_spans_and_code_blocks():
         from lms.sim.host import plan_within_host_budget, HostBudgetError as E  # comment
         x = lms.tf.allocator.configure_cpu_allocator()
         ```
-        The end of a sentence names tuner.batch.search_max_batch.
+        The end of a sentence names tuner.policy.batch.search_max_batch.
         """)
     assert names_in(text) == {"lms.function", "lms.enable_lms", "lms.sim.host",
                               "lms.sim.host.plan_within_host_budget", "lms.sim.host.HostBudgetError",
-                              "lms.tf.allocator.configure_cpu_allocator", "tuner.batch.search_max_batch"}
+                              "lms.tf.allocator.configure_cpu_allocator", "tuner.policy.batch.search_max_batch"}
 
 
 def test_source_references_are_backticked_names():
@@ -236,7 +236,7 @@ def test_paths_are_found_in_comments_and_docstrings_only():
 
 def test_resolve_follows_modules_then_attributes():
     assert resolve("lms.graph.Op.live") is importlib.import_module("lms.graph").Op.live
-    assert resolve("tuner.batch.search_max_batch").__name__ == "search_max_batch"
+    assert resolve("tuner.policy.batch.search_max_batch").__name__ == "search_max_batch"
     with pytest.raises(LookupError, match=r"lms.graph has no attribute or submodule 'nothing_here'"):
         resolve("lms.graph.nothing_here")
     with pytest.raises(LookupError, match=r"lms has no attribute or submodule 'no_such_module'"):

@@ -20,14 +20,14 @@ before, so a pinned config gets the same runs, and the same batch, in every
 search; fresh-process peaks are jagged in the batch, so the answer does depend
 on where the bracket starts), up or down by the peak's distance to the budget,
 then between the largest batch that fitted and the smallest that did not
-(`tuner.bracket.next_batch`) until the two are 1 apart. Then `confirm_recommendation`
+(`tuner.policy.bracket.next_batch`) until the two are 1 apart. Then `confirm_recommendation`
 runs the repeats: the config the recommendation rule picks and the no-LMS
 baseline (the other side of the "x times larger batch" ratio), one process of
 each in turn, until the largest batch fitted in N processes, so each config has
 a process timed next to the other's, not only minutes apart on a machine whose
 load moves (the rule takes the fastest process of each at its batch). With
 ``--confirm 0`` (or ``--batch``) a trial is one worker process that searches
-in-process (`tuner.batch.search_max_batch`), as before.
+in-process (`tuner.policy.batch.search_max_batch`), as before.
 
 (Before, every trial searched in-process and the recommendation was then
 bracketed again in fresh processes: ResNet-50 64x64 on 2 cores spent 380 s in
@@ -35,7 +35,7 @@ four in-process trials and 360 s re-measuring two of them; the trial's own batch
 was never used, and the rule compared throughputs measured 5-15 min apart.)
 
 The runs are stored on the study (user attr ``"confirmations"``: trial number
--> runs, `tuner.bracket`), so a resumed search goes on from them (a trial
+-> runs, `tuner.policy.bracket`), so a resumed search goes on from them (a trial
 interrupted mid-bracket is queued again and its retry continues the same runs)
 and ``tuner best`` shows them. No TensorFlow here: the runs are `tuner.trial` workers.
 """
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from .bracket import (CONFIRMATIONS_ATTR, METHOD, RULE, VERDICT, confirmed_figures, next_batch,
+from .policy.bracket import (CONFIRMATIONS_ATTR, METHOD, RULE, VERDICT, confirmed_figures, next_batch,
                       stored_confirmations, verdict_word)
 from .budget import format_bytes
 from .protocol import MeasureRequest
@@ -90,7 +90,7 @@ def fresh_process_trials(settings: Any, backend: "Backend") -> bool:
 
 @dataclass(frozen=True)
 class FreshRuns:
-    """A trial's fresh processes: ``runs`` (`tuner.bracket`), the ``start`` batch, and the last worker's outcome
+    """A trial's fresh processes: ``runs`` (`tuner.policy.bracket`), the ``start`` batch, and the last worker's outcome
     when it gave no verdict (killed, timed out, failed: the bracket stops there; None otherwise)."""
 
     runs: tuple[dict[str, Any], ...]
@@ -171,7 +171,7 @@ def confirm_recommendation(run: "SearchRun", backend: "Backend", *, gpu: str | N
                            measure: Callable[..., Any] = run_worker) -> list[str]:
     """Repeat the would-be recommendation and the baseline in fresh processes, side by side; returns notes.
 
-    In rounds: the recommendation rule (`tuner.selection.select_recommendation`)
+    In rounds: the recommendation rule (`tuner.policy.selection.select_recommendation`)
     applied to the fresh-process figures picks a config; it and the no-LMS
     baseline (and, first, the largest batch of the front, whose throughput the
     rule may have rejected on one process) get fresh processes in turn, one of
@@ -181,7 +181,7 @@ def confirm_recommendation(run: "SearchRun", backend: "Backend", *, gpu: str | N
     interrupted. A trial measured in-process (an older study) is bracketed here
     from the simulator's batch.
     """
-    from .selection import baseline_trial, select_recommendation
+    from .policy.selection import baseline_trial, select_recommendation
 
     s = run.settings
     if s.confirm <= 0 or s.batch is not None:

@@ -36,7 +36,7 @@ from lms.config import atomic_write_text
 from .backends import get_backend
 from .budget import format_bytes
 from .errors import BadInput
-from .knobs import KNOB_TABLE
+from .policy.knobs import KNOB_TABLE
 from .settings import SearchSettings
 from .storage import resolve_storage
 

@@ -21,9 +21,9 @@ from typing import Any, Callable, Mapping
 from .budget import format_bytes
 from .errors import SearchError
 from .progress import Progress
-from .records import TrialRecord, corrections_warning, counted
+from .policy.records import TrialRecord, corrections_warning, counted
 from .recovery import owner, recover_stale_trials, start_heartbeat
-from .space import DistinctCounter, SearchSpace
+from .policy.space import DistinctCounter, SearchSpace
 
 __all__ = ["optimize", "Interrupted"]
 

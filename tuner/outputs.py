@@ -9,7 +9,7 @@ the environment. Every figure says where it comes from in ``"sources"``:
 - ``emulated``: *measured* on the emulated device (CPU, TensorFlow's BFC allocator);
 - ``gpu``: *measured* on the GPU.
 
-Which Pareto point is recommended: `tuner.selection.select_recommendation`.
+Which Pareto point is recommended: `tuner.policy.selection.select_recommendation`.
 The whole front is listed too, so another trade-off is one copy-paste away.
 """
 
@@ -31,10 +31,10 @@ from . import RECOMMENDATION_VERSION as SCHEMA_VERSION
 from .backends import Backend, get_backend
 from .budget import format_bytes
 from .programs import conditions
-from .bracket import CONFIRMATIONS_ATTR, confirmed_figures, start_origin
-from .knobs import KNOB_TABLE, KnobTable, swap_note
-from .records import corrections_warning
-from .selection import Confirmed, baseline_trial, feasible_trials, select_recommendation, throughput_peak_front
+from .policy.bracket import CONFIRMATIONS_ATTR, confirmed_figures, start_origin
+from .policy.knobs import KNOB_TABLE, KnobTable, swap_note
+from .policy.records import corrections_warning
+from .policy.selection import Confirmed, baseline_trial, feasible_trials, select_recommendation, throughput_peak_front
 
 if TYPE_CHECKING:
     from .settings import SearchSettings

@@ -88,7 +88,7 @@ class TraceRequest(_Message):
 
 @dataclass(frozen=True)
 class MeasureRequest(_Message):
-    """The max-batch search for one config (`tuner.batch.search_max_batch`), then a timed run.
+    """The max-batch search for one config (`tuner.policy.batch.search_max_batch`), then a timed run.
 
     Attributes:
         config: the `LMSConfig` as a dict.

@@ -37,15 +37,15 @@ from lms.config import LMSConfig
 
 from .backends import SearchRun, get_backend
 from .confirm import fresh_process_trials
-from .batch import Prediction, predict_max_batch, usable_bytes
+from .policy.batch import Prediction, predict_max_batch, usable_bytes
 from .budget import format_bytes
 from .environment import host_memory_bytes, tensorflow_distribution
 from .graphs import derive_budget, load_graph, load_profile
 from .progress import Progress
-from .records import counted
+from .policy.records import counted
 from .recovery import recover_stale_trials
 from .settings import SearchSettings, study_settings_conflict
-from .space import SearchSpace
+from .policy.space import SearchSpace
 from .storage import open_storage, storage_lock
 from .study import TUNER_ATTR, claim_study, make_sampler, queue_warm_start, setup_finished, tuner_record
 

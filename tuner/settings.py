@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .budget import format_bytes
-from .goal import Goal, goal_of
+from .policy.goal import Goal, goal_of
 from .storage import StorageSpec
 
 __all__ = ["SearchSettings", "study_settings_conflict"]
@@ -104,7 +104,7 @@ class SearchSettings:
 
     @property
     def goal(self) -> Goal:
-        """What the study maximises: the largest batch, or the throughput at ``batch`` (`tuner.goal`)."""
+        """What the study maximises: the largest batch, or the throughput at ``batch`` (`tuner.policy.goal`)."""
         return goal_of(self.batch, cap=self.max_batch)
 
     def identity(self) -> dict[str, Any]:

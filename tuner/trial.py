@@ -7,7 +7,7 @@ the messages are `tuner.protocol`. Jobs:
   user's ``module:function`` without importing their code, or TF, in the parent);
 - `TraceRequest`: trace the training step and write the `lms.graph.Graph` JSON the
   simulator reads (cached by the search under ``studies/<study>/``);
-- `MeasureRequest`: the max-batch search for one `LMSConfig` (`tuner.batch`) and a
+- `MeasureRequest`: the max-batch search for one `LMSConfig` (`tuner.policy.batch`) and a
   timed run at the batch found, on the request's backend (`tuner.backends`:
   where tensors live, swap emulation, TensorFlow's executor).
 """
@@ -30,7 +30,7 @@ from .faults import act_out, injected_fault
 from .oom import describe_oom
 from .protocol import (DescribeRequest, DescribeResult, Envelope, MeasureRequest, MeasureResult, ProtocolError,
                        TraceRequest, TraceResult)
-from .records import corrections_summary
+from .policy.records import corrections_summary
 from .worker import PARENT_PID_ENV, PARENT_PIPE_ENV, die_with_parent
 
 __all__ = ["main", "exit_now", "import_tensorflow", "HELD_BACK", "lms_summary_record"]
@@ -125,7 +125,7 @@ def _trace(request: TraceRequest, events: _Events) -> TraceResult:
                                    make_args=make_args)
         if doc["op_costs"] and len(peaks) >= 2:
             # the plain step's allocator peaks (TF's order, one inter-op thread, as the emulated trials run):
-            # where the no-LMS baseline's bracket of fresh processes starts (`tuner.bracket.start_from_peaks`)
+            # where the no-LMS baseline's bracket of fresh processes starts (`tuner.policy.bracket.start_from_peaks`)
             doc["plain_peaks"] = {"batches": sorted(peaks), "peak_bytes": [peaks[b] for b in sorted(peaks)]}
     atomic_write_text(request.output, json.dumps(doc, allow_nan=False) + "\n")
     return TraceResult(status="ok", n_ops=len(graph.ops), trace_s=doc["trace_s"], tensorflow=tf.__version__,
@@ -172,7 +172,7 @@ def _profile(step: Any, workload: Any, batches: list[int], events: _Events,
 def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
     from lms.config import LMSConfig
     from tuner.backends import get_backend
-    from tuner.batch import Measurement, search_max_batch, search_slope, smaller_timed_batch
+    from tuner.policy.batch import Measurement, search_max_batch, search_slope, smaller_timed_batch
 
     workload = _load_workload(request)
     config = LMSConfig.from_dict(request.config)
@@ -332,7 +332,7 @@ def _measure_fixed(request: MeasureRequest, run: Any, events: _Events, *, backen
 
 def lms_summary_record(fn: Any) -> dict[str, Any]:
     """What a trial records of the LMS its step ran with: counts, whether the memory schedule ran exactly, and
-    what the equivalence check corrected (`tuner.records.corrections_summary`)."""
+    what the equivalence check corrected (`tuner.policy.records.corrections_summary`)."""
     summary = getattr(fn, "summary", None)
     if summary is None:  # not traced yet: nothing is known, not "nothing swapped"
         return {}

@@ -34,7 +34,7 @@ def record(*, n_tensors: int, lb: int = 1, batch: int, throughput: float | None,
            predicted_peak: int | None = None, fuse_swapins: bool = False,
            predicted_batch: int | None = None, predicted_throughput: float | None = None,
            **knobs: Any) -> dict[str, Any]:
-    """One trial's user_attrs as the tuner writes them (`tuner.records.TrialRecord.user_attrs`).
+    """One trial's user_attrs as the tuner writes them (`tuner.policy.records.TrialRecord.user_attrs`).
 
     The constraint is ``peak / usable - 1`` (<= 0 when it fits), positive for a failure.
     `knobs`: more `LMSConfig` fields (``schedule="memory"``, ``recompute="cheap"``, ...).

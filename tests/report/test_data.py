@@ -294,7 +294,7 @@ def _frozen(records):
 def test_trials_frame_shows_the_fresh_process_figures_of_confirmed_trials(known):
     """The study's stored fresh processes replace a trial's own figures in every table and plot (one truth with
     recommended.json); trials without them keep theirs."""
-    from tuner.bracket import METHOD
+    from tuner.policy.bracket import METHOD
 
     study, own = known
     runs = [{"process": 1, "batch": 30, "status": "ok", "throughput": 80.0, "peak_device_bytes": 900},

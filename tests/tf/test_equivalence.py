@@ -262,7 +262,7 @@ def test_an_identity_grappler_kept_on_one_side_only_is_no_difference():
 def test_the_trial_record_carries_the_checks_corrections(monkeypatch):
     """What a tuner trial records of the step it measured (`tuner.trial`): the check's corrections, counted by
     kind, and the warning every output shows, so that a config whose plan was cut is not taken for its name."""
-    from tuner.records import corrections_warning
+    from tuner.policy.records import corrections_warning
     from tuner.trial import lms_summary_record
 
     (step, args), config, kind = _harmful_swap_in(monkeypatch)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.batch import Measurement, predict_max_batch, search_max_batch, usable_bytes
+from tuner.policy.batch import Measurement, predict_max_batch, search_max_batch, usable_bytes
 
 MiB = 1 << 20
 
@@ -137,7 +137,7 @@ def test_prediction_infeasible_budget() -> None:
 
 
 def test_a_timed_run_too_big_backs_off_by_the_samples_its_excess_is_worth():
-    from tuner.batch import smaller_timed_batch
+    from tuner.policy.batch import smaller_timed_batch
 
     # 5.2 MB over at 1.4 MB per sample: 4 samples, and 1% more for the allocator's spread
     assert smaller_timed_batch(153, 579_000_000, 573_800_000, slope_bytes_per_sample=1.4e6) == 147

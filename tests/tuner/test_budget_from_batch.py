@@ -15,7 +15,7 @@ import pytest
 
 from lms.graph import Graph
 from lms.simulator import simulate
-from tuner.batch import usable_bytes
+from tuner.policy.batch import usable_bytes
 
 from .conftest import TINY_MODEL, run_cli
 

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
-from tuner.bracket import start_from_peaks
+from tuner.policy.bracket import start_from_peaks
 from tuner.confirm import CONFIRMATIONS_ATTR, METHOD, confirmed_figures, next_batch
 from tuner.faults import injected_fault
 
@@ -182,7 +182,7 @@ def test_confirmed_figures_take_the_bracket_and_name_runs_without_a_verdict() ->
 def test_the_throughput_rule_reads_the_confirmed_figures() -> None:
     """A search measured its no-LMS trial at 87.9 samples/s and its LMS trial at 63.4 (0.72x: no LMS would be
     recommended); their fresh processes, best of each, say 67.7 and 74.3: the LMS config is."""
-    from tuner.selection import select_recommendation
+    from tuner.policy.selection import select_recommendation
 
     def trial(number: int, batch: int, thr: float, n: int) -> SimpleNamespace:
         return SimpleNamespace(number=number, state=SimpleNamespace(name="COMPLETE"), values=[batch, thr],
@@ -239,7 +239,7 @@ def test_a_trial_whose_in_process_timed_runs_missed_is_timed_in_fresh_processes(
 def test_a_trial_no_fresh_process_fits_stays_infeasible_and_says_where_it_was_tried() -> None:
     from lms.config import LMSConfig
     from tuner.backends.measured import measured_record
-    from tuner.batch import Prediction
+    from tuner.policy.batch import Prediction
     from tuner.protocol import MeasureResult
     from tuner.worker import WorkerOutcome
 

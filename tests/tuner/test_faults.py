@@ -29,7 +29,7 @@ import pytest
 
 from lms import LMSConfig
 from tuner.faults import injected_fault
-from tuner.knobs import canonical_key
+from tuner.policy.knobs import canonical_key
 
 from tests import forked_cli
 
@@ -138,7 +138,7 @@ def test_each_fault_is_recorded_and_the_study_continues(tmp_path: Path, seed_gra
     assert "timed out after 3 s" in by_number[next(n for n, k in injected.items() if k == "hang")].user_attrs["reason"]
     assert "model code raised" in by_number[next(n for n, k in injected.items() if k == "raise")].user_attrs["reason"]
     # the study went on to its 8 evaluated configs after the faults
-    from tuner.records import counted
+    from tuner.policy.records import counted
 
     assert sum(1 for t in study.get_trials(deepcopy=False) if counted(t)) == 8
     _check_outputs(tmp_path)
@@ -230,7 +230,7 @@ def test_machine_caused_failure_is_queued_again_and_measured(tmp_path: Path, see
     assert proc.returncode == 0, proc.stderr
     study = _study(tmp_path)
     trials = study.get_trials(deepcopy=False)
-    from tuner.records import counted
+    from tuner.policy.records import counted
 
     injected = _injected(tmp_path)
     assert injected == {2: "rofs"}
@@ -267,7 +267,7 @@ def test_two_searches_started_together_share_the_study(storage: str | None, tmp_
     assert owners and owners <= {p.pid for p in procs}
     # the warm start queued once (a sampled config equal to it is answered from the study, attributes copied)
     assert sum(1 for t in trials if t.user_attrs.get("warm_start") and "duplicate_of" not in t.user_attrs) == 3
-    from tuner.records import counted
+    from tuner.policy.records import counted
 
     assert 8 <= sum(1 for t in trials if counted(t)) <= 9  # at most one more than asked: the last slot raced
     f = figures(study, {})
@@ -280,7 +280,7 @@ def test_worker_death_recovered_by_heartbeat(tmp_path: Path) -> None:
     import warnings
 
     from tuner.recovery import recover_stale_trials
-    from tuner.space import SearchSpace
+    from tuner.policy.space import SearchSpace
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -371,7 +371,7 @@ def test_interrupt_stops_the_trial_keeps_outputs_and_resumes(sig: int, tmp_path:
     assert {t.number: t.datetime_start for t in trials if t.number in done} == done  # none redone
     retry = [t for t in trials if t.user_attrs.get("retry_of") == number]
     assert len(retry) == 1 and retry[0].params == stopped.params and retry[0].user_attrs["status"] == "ok"
-    from tuner.records import counted
+    from tuner.policy.records import counted
 
     assert sum(1 for t in trials if counted(t)) == 6
     assert _check_outputs(tmp_path)["schema_version"] == first_doc["schema_version"]
@@ -390,7 +390,7 @@ def test_parallel_workers_with_faults(tmp_path: Path, seed_graph) -> None:
     trials = study.get_trials(deepcopy=False)
     owners = {t.user_attrs["owner"]["pid"] for t in trials if "owner" in t.user_attrs}
     assert len(owners) == 1  # threads of one process
-    from tuner.records import counted
+    from tuner.policy.records import counted
 
     assert 9 <= sum(1 for t in trials if counted(t)) <= 9 + 2
     injected = _injected(tmp_path)

@@ -11,14 +11,14 @@ import pytest
 from lms import LMSConfig
 from lms.plan import find_candidates
 from tests.synthetic import residual
-from tuner.batch import predict_at_batch, predict_max_batch, usable_bytes
-from tuner.goal import FixedBatch, MaxBatch, goal_of
+from tuner.policy.batch import predict_at_batch, predict_max_batch, usable_bytes
+from tuner.policy.goal import FixedBatch, MaxBatch, goal_of
 from tuner.grow import largest_fitting, run_grow
-from tuner.knobs import canonical_key
+from tuner.policy.knobs import canonical_key
 from tuner.models import load_workload
 from tuner.search import run_search
 from tuner.settings import SearchSettings, study_settings_conflict
-from tuner.space import SearchSpace
+from tuner.policy.space import SearchSpace
 from tuner.storage import resolve_storage
 
 MiB = 1 << 20

@@ -133,7 +133,7 @@ def test_gpu_workers_get_a_pinned_limit_that_fits_the_host_budget(monkeypatch) -
 
 def test_a_measured_trial_over_the_host_budget_is_infeasible_with_its_reason() -> None:
     from tuner.host import host_verdict
-    from tuner.records import TrialRecord
+    from tuner.policy.records import TrialRecord
 
     ok = TrialRecord(config=None, backend="emulated", measured=True, status="ok", batch_size=64, throughput=10.0,
                      peak_device_bytes=100, peak_source="tf", predicted_peak_bytes=90, predicted_throughput=9.0,

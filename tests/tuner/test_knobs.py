@@ -18,16 +18,16 @@ import pytest
 from lms import LMSConfig
 from lms.config import knob
 from tests.synthetic import residual
-from tuner.batch import predict_max_batch, usable_bytes
-from tuner.knobs import KNOB_TABLE, KnobTable, canonical_key, short_label, swap_note
+from tuner.policy.batch import predict_max_batch, usable_bytes
+from tuner.policy.knobs import KNOB_TABLE, KnobTable, canonical_key, short_label, swap_note
 from tuner.loop import optimize
 from tuner.outputs import write_trials_csv
 from tuner.progress import Progress
-from tuner.records import predicted_record
+from tuner.policy.records import predicted_record
 from tuner.report.data import report_data
 from tuner.report.html import render_html
 from tuner.report.markup import config_knobs
-from tuner.space import SearchSpace
+from tuner.policy.space import SearchSpace
 from tuner.study import make_sampler
 
 MiB = 1 << 20

@@ -6,7 +6,7 @@ import optuna
 import pytest
 
 from tuner import recovery
-from tuner.records import counted
+from tuner.policy.records import counted
 
 
 def _study_with_unclaimed_trial() -> tuple[optuna.Study, int]:

@@ -10,7 +10,7 @@ import pytest
 
 from lms import LMSConfig
 from tuner.outputs import format_recommendation, read_recommendation, source_label, write_outputs
-from tuner.selection import pareto_front, select_recommendation
+from tuner.policy.selection import pareto_front, select_recommendation
 from tuner.settings import SearchSettings
 from tuner.storage import resolve_storage
 

@@ -18,8 +18,8 @@ import optuna
 
 from lms import LMSConfig
 from tests import forked_cli
-from tuner.knobs import canonical_key
-from tuner.records import counted
+from tuner.policy.knobs import canonical_key
+from tuner.policy.records import counted
 from tuner.storage import engine_url
 
 from .conftest import PG_PASSWORD, ROOT, TINY_MODEL, report_fault_figures

@@ -229,7 +229,7 @@ def test_03_a_worker_killed_from_outside_keeps_its_trial(sig: int, tmp_path: Pat
     killed = trials[1]
     assert killed.state == optuna.trial.TrialState.COMPLETE and killed.user_attrs["status"] == "ok"
     assert f"worker killed by {signal.Signals(sig).name}" in killed.user_attrs["killed_first"]
-    from tuner.records import counted
+    from tuner.policy.records import counted
 
     assert sum(1 for t in trials if counted(t)) == 3
     assert all(t.user_attrs.get("status") == "ok" for t in trials if counted(t))

@@ -14,17 +14,17 @@ from optuna.trial import TrialState
 
 from lms import LMSConfig
 from tests.synthetic import residual
-from tuner.batch import predict_max_batch, usable_bytes
+from tuner.policy.batch import predict_max_batch, usable_bytes
 from tuner.progress import Progress
-from tuner.knobs import canonical_key
+from tuner.policy.knobs import canonical_key
 from tuner.loop import optimize
-from tuner.pareto import pareto_picks
-from tuner.records import predicted_record
-from tuner.records import TrialRecord
+from tuner.policy.pareto import pareto_picks
+from tuner.policy.records import predicted_record
+from tuner.policy.records import TrialRecord
 from tuner.recovery import recover_stale_trials
 from tuner.search import run_search
 from tuner.settings import SearchSettings, study_settings_conflict
-from tuner.space import DistinctCounter, SearchSpace
+from tuner.policy.space import DistinctCounter, SearchSpace
 from tuner.study import make_sampler
 from tuner.storage import open_storage, resolve_storage
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lms import LMSConfig
-from tuner.batch import Prediction
+from tuner.policy.batch import Prediction
 from tuner.backends import get_backend
 from tuner.protocol import DescribeRequest, MeasureResult, TraceRequest
 from tuner.backends.measured import measured_record

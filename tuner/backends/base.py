@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
-from ..bracket import start_from_peaks
+from ..policy.bracket import start_from_peaks
 
 if TYPE_CHECKING:
     from ..progress import Progress
-    from ..records import TrialRecord
+    from ..policy.records import TrialRecord
     from ..settings import SearchSettings
-    from ..space import SearchSpace
+    from ..policy.space import SearchSpace
 
 __all__ = ["Backend", "SearchRun", "GpuChoice"]
 
@@ -76,14 +76,14 @@ class SearchRun:
 
     def plain_start(self, config: Any) -> int | None:
         """Where a bracket of fresh processes starts for a config that runs the plain step in TF's order
-        (the no-LMS baseline): from the measured `plain_peaks` (`tuner.bracket.start_from_peaks`); None for
+        (the no-LMS baseline): from the measured `plain_peaks` (`tuner.policy.bracket.start_from_peaks`); None for
         any other config, or without them (then the simulator's batch)."""
         if not self.plain_peaks or config.enabled or config.pins_order:
             return None
         return start_from_peaks(self.plain_peaks, usable=self.usable, cap=self.settings.max_batch)
 
     def evaluate_predicted(self, config: Any, trial: Any) -> "TrialRecord":
-        from ..records import predicted_record
+        from ..policy.records import predicted_record
 
         return predicted_record(config, self.predict(config), usable=self.usable, device=self.settings.device)
 

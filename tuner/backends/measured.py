@@ -25,18 +25,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..batch import Prediction
-from ..bracket import ends, verdicts, verdict_word
+from ..policy.batch import Prediction
+from ..policy.bracket import ends, verdicts, verdict_word
 from ..confirm import (RECORDED_FIGURES, FreshRuns, confirm_recommendation, fresh_process_trials, measure_trial,
                        retime_in_fresh_processes)
 from ..budget import format_bytes
 from ..loop import Interrupted, optimize
 from ..host import host_verdict
 from ..oom import HOST_OOM
-from ..pareto import pareto_picks
+from ..policy.pareto import pareto_picks
 from ..progress import Progress
 from ..protocol import MeasureRequest
-from ..records import INFEASIBLE, TrialRecord, counted, predicted_record
+from ..policy.records import INFEASIBLE, TrialRecord, counted, predicted_record
 from ..recovery import recover_stale_trials
 from ..study import SCREEN_SUFFIX, claim_screen_study, make_sampler, queue_warm_start
 from ..worker import WorkerOutcome, run_worker
@@ -152,8 +152,8 @@ class MeasuredBackend(Backend):
     @staticmethod
     def _rule_rejects_lms(run: SearchRun) -> bool:
         """The rule, on the fresh-process figures, picks no LMS while an LMS config fitted a larger batch."""
-        from ..bracket import stored_confirmations
-        from ..selection import select_recommendation
+        from ..policy.bracket import stored_confirmations
+        from ..policy.selection import select_recommendation
 
         s = run.settings
         chosen, front = select_recommendation(run.main.get_trials(deepcopy=False), prefer=s.prefer,

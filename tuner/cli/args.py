@@ -10,7 +10,7 @@ from typing import Any, Callable
 from ..backends import BACKENDS, get_backend
 from ..budget import BudgetError, parse_budget
 from ..errors import BadInput
-from ..knobs import KNOB_TABLE
+from ..policy.knobs import KNOB_TABLE
 from ..storage import DEFAULT_STUDIES_DIR, StudyNameError, validate_study_name
 from .best import cmd_best
 from .common import PROG, shorten, shown

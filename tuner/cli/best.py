@@ -40,7 +40,7 @@ def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | N
     from ..backends import backend_named
     from ..confirm import CONFIRMATIONS_ATTR
     from ..outputs import build_recommendation
-    from ..selection import select_recommendation
+    from ..policy.selection import select_recommendation
     from ..settings import SearchSettings
     from ..study import tuner_record
 
@@ -68,7 +68,7 @@ def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | N
     if chosen is None:
         return None
     budget = int(stored.get("budget_bytes") or 0)
-    from ..batch import usable_bytes
+    from ..policy.batch import usable_bytes
 
     return build_recommendation(study=args.study, chosen=chosen, front=front, trials=trials, settings=settings,
                                 budget_bytes=budget, budget_source=str(stored.get("budget_source", "")),

@@ -55,7 +55,7 @@ def _study_rows(args: argparse.Namespace, spec: StorageSpec) -> list[tuple[str, 
     """`list`'s rows for the studies in one storage."""
     import optuna
 
-    from ..records import counted
+    from ..policy.records import counted
     from ..storage import open_storage
 
     from ..outputs import read_recommendation

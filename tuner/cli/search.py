@@ -11,7 +11,7 @@ from typing import Any
 
 from ..backends import get_backend
 from ..budget import format_bytes
-from ..knobs import KNOB_TABLE
+from ..policy.knobs import KNOB_TABLE
 from ..storage import mask_secrets, storage_failure
 from .common import EXIT_FAILURE, EXIT_OK, PROG, err
 from .search_settings import build_search_settings

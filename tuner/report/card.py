@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from ..bracket import start_origin
+from ..policy.bracket import start_origin
 from .data import ReportData
 from .markup import (config_knobs as _config_knobs, escape as _e, fmt_bytes, fmt_int, fmt_num, fmt_rate,
                      number as _num, pct as _pct, table as _table)

@@ -23,8 +23,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ..knobs import KNOB_TABLE, KnobTable
-from ..pareto import dominates
+from ..policy.knobs import KNOB_TABLE, KnobTable
+from ..policy.pareto import dominates
 from .knob_effects import KnobEffect, knob_effect, knob_effects, knob_label
 from .provenance import Recommendation, environment_rows, measurement_note
 
@@ -37,7 +37,7 @@ __all__ = [
 
 FAILURE_STATUSES = ("infeasible", "oom", "timeout", "killed", "error")
 
-# LMSConfig fields, as trial-table columns (the config dict of each trial record): `tuner.knobs`.
+# LMSConfig fields, as trial-table columns (the config dict of each trial record): `tuner.policy.knobs`.
 KNOB_COLUMNS = KNOB_TABLE.columns
 
 _RECORD_COLUMNS = ("batch_size", "throughput", "peak_device_bytes", "peak_source", "backend",
@@ -61,14 +61,14 @@ def trials_frame(trials: Iterable[Any], *, table: KnobTable = KNOB_TABLE,
     ``duplicate`` (a repeat of an evaluated config: not counted), ``confirmed``
     and ``processes`` (see below).
 
-    `confirmations` (the study's user attr ``"confirmations"``, `tuner.bracket`):
+    `confirmations` (the study's user attr ``"confirmations"``, `tuner.policy.bracket`):
     a trial measured in fresh processes shows the figures the recommendation
-    uses (`tuner.bracket.confirmed_figures`: the bracket's batch, its fastest
+    uses (`tuner.policy.bracket.confirmed_figures`: the bracket's batch, its fastest
     process's throughput, the highest peak there), so every table and plot
     agrees with ``recommended.json`` and ``tuner best``; ``confirmed`` marks
     them and ``processes`` counts their fresh processes.
     """
-    from ..bracket import confirmed_figures
+    from ..policy.bracket import confirmed_figures
 
     rows: list[dict[str, Any]] = []
     for t in trials:
@@ -339,7 +339,7 @@ class ReportData:
         recompute: what recomputation bought the recommended config
             (`tuner.report.recompute.RecomputeSummary`), or None.
         recompute_note: why there is no `recompute` although the config recomputes ("" otherwise).
-        knob_table: the knobs shown (`tuner.knobs.KNOB_TABLE`: `LMSConfig`'s fields).
+        knob_table: the knobs shown (`tuner.policy.knobs.KNOB_TABLE`: `LMSConfig`'s fields).
     """
 
     study_name: str

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from ..knobs import KNOB_TABLE, KnobTable
+from ..policy.knobs import KNOB_TABLE, KnobTable
 from .card import recommendation_section as _recommendation
 from .data import ReportData
 from .markup import (Image, config_knobs as _config_knobs, escape as _e, fmt_bytes, fmt_int, fmt_num, fmt_rate,

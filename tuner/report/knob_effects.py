@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..knobs import KNOB_TABLE, KnobTable
+from ..policy.knobs import KNOB_TABLE, KnobTable
 
 __all__ = ["KnobEffect", "knob_label", "knob_effect", "knob_effects"]
 

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..knobs import KNOB_TABLE, KnobTable
+from ..policy.knobs import KNOB_TABLE, KnobTable
 
 __all__ = ["Image", "escape", "number", "fmt_bytes", "fmt_int", "fmt_num", "fmt_rate", "pct", "table", "img",
            "config_knobs"]

@@ -1,6 +1,6 @@
 """The search space: the knob table's searched fields, with ``n_tensors`` scaled to the graph.
 
-Derived from `tuner.knobs.KnobTable` (values from each field's ``search``
+Derived from `tuner.policy.knobs.KnobTable` (values from each field's ``search``
 metadata); for `LMSConfig` it is::
 
     n_tensors         0 .. all candidates, in 8 equal steps (0 = LMS off, the top = all)
@@ -35,7 +35,7 @@ class SearchSpace:
         n_candidates: swap candidates in the graph (`lms.plan.find_candidates`).
         n_tensor_levels: steps from 0 to all candidates.
         ranges: values that replace a knob's own ``search`` metadata, by name (a tuple or a range).
-        table: the knob table (`tuner.knobs.KNOB_TABLE`: `LMSConfig`'s fields).
+        table: the knob table (`tuner.policy.knobs.KNOB_TABLE`: `LMSConfig`'s fields).
     """
 
     n_candidates: int

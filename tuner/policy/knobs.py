@@ -4,7 +4,7 @@ Each `LMSConfig` field carries its knob metadata (`lms.config.knob`): the values
 to search, a condition (``requires``), whether it matters without swaps
 (``swaps_only``), how a short label shows it and whether it has a column of its
 own. Everything below is derived from that one table, so a new field is
-searched (`tuner.space.SearchSpace`), deduplicated (`KnobTable.canonical_key`),
+searched (`tuner.policy.space.SearchSpace`), deduplicated (`KnobTable.canonical_key`),
 logged (`KnobTable.short_label`), written to ``trials.csv`` and reported
 (`KnobTable.columns`) without a tuner edit::
 

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from .budget import format_bytes
+from ..budget import format_bytes
 
 if TYPE_CHECKING:
     from lms.config import LMSConfig
@@ -278,7 +278,7 @@ def predict_max_batch(graph: "Graph", config: "LMSConfig", budget_bytes: int, *,
     """
     from lms.simulator import InfeasibleBudget, bfc_adjusted_batch, max_batch, simulate
 
-    from .host import host_miss_reason
+    from ..host import host_miss_reason
 
     if allocator not in ("exact", "bfc"):
         raise ValueError(f"allocator={allocator!r}: allowed values are 'exact', 'bfc'")
@@ -337,7 +337,7 @@ def predict_at_batch(graph: "Graph", config: "LMSConfig", budget_bytes: int, *, 
     """
     from lms.simulator import simulate
 
-    from .host import host_miss_reason
+    from ..host import host_miss_reason
 
     if allocator not in ("exact", "bfc"):
         raise ValueError(f"allocator={allocator!r}: allowed values are 'exact', 'bfc'")

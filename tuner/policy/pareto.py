@@ -45,10 +45,10 @@ def pareto_picks(trials: Sequence[Any], k: int, *, exclude: Iterable[str] = (), 
     """Up to `k` param sets from the feasible Pareto front, spread along it.
 
     First the point the recommendation's rule would choose among them
-    (`tuner.selection.select_recommendation`: with ``prefer="batch"`` the largest
+    (`tuner.policy.selection.select_recommendation`: with ``prefer="batch"`` the largest
     batch whose throughput is at least `min_throughput_ratio` x the front's
     best), then each time the point farthest from those already picked.
-    Configs whose canonical key (`tuner.knobs.KnobTable.canonical_key` of
+    Configs whose canonical key (`tuner.policy.knobs.KnobTable.canonical_key` of
     `table`) is in `exclude` (already queued or run) are not picked.
 
     The first pick used to be the best sum of normalised batch and
