@@ -345,6 +345,10 @@ def _add_report(sub: Any) -> None:
     _storage_args(p)
     p.add_argument("--reports-dir", type=_folder, default=Path("reports"), metavar="DIR",
                    help="the report goes to DIR/<study>/index.html (default: %(default)s)")
+    p.add_argument("--peers", type=Path, default=None, metavar="JSON",
+                   help="draw the peers (remat, per-stage recompute, Grappler) measured on this study's workload "
+                        "and budget by benchmarks/peers.py (e.g. benchmarks/results/peers.json) on the Pareto "
+                        "plots; a file measured for another workload, options or budget is refused")
     _common(p)
     p.set_defaults(func=cmd_report)
 

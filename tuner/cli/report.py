@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 
-from .common import EXIT_FAILURE, EXIT_OK, check_output_folder, err, open_existing
+from .common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, check_output_folder, err, open_existing
 
 __all__ = ["cmd_report"]
 
@@ -14,10 +14,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     open_existing(args)  # the study must exist (exit 2 otherwise)
     check_output_folder(args.reports_dir, what="--reports-dir")
     from ..report import build_report, report_folder_name
+    from ..report.peers import PeersMismatch
 
     try:
         path = build_report(args.study, storage=args.storage, studies_dir=args.studies_dir,
-                            reports_dir=args.reports_dir)
+                            reports_dir=args.reports_dir, peers=getattr(args, "peers", None))
+    except PeersMismatch as exc:  # raised before anything is written
+        err(f"--peers {args.peers}: {exc}")
+        return EXIT_BAD_INPUT
     except OSError as exc:
         if exc.errno not in _CANNOT_WRITE:
             raise

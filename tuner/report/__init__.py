@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -26,7 +26,7 @@ from lms.config import atomic_write_bytes, atomic_write_text
 from ..study import SCREEN_SUFFIX, screens_for  # the simulated screening before measured runs
 from .data import Recommendation, ReportData, report_data
 
-__all__ = ["build_report", "report_folder_name", "ReportData", "Recommendation"]
+__all__ = ["build_report", "report_folder_name", "study_peers", "ReportData", "Recommendation"]
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ FIGURES = {
 
 def build_report(study_name: str, *, storage: str | None = None, studies_dir: str | os.PathLike[str] = "studies",
                  reports_dir: str | os.PathLike[str] = "reports",
-                 out_dir: str | os.PathLike[str] | None = None) -> Path:
+                 out_dir: str | os.PathLike[str] | None = None, peers: str | os.PathLike[str] | None = None) -> Path:
     """Write the report of `study_name`; return the path of its ``index.html``.
 
     Args:
@@ -52,10 +52,13 @@ def build_report(study_name: str, *, storage: str | None = None, studies_dir: st
         studies_dir: where the tuner keeps ``<study>/recommended.json`` and ``<study>/graph.json``.
         reports_dir: the report goes to ``<reports_dir>/<study>/``.
         out_dir: write into this folder instead (``--out``).
+        peers: a `benchmarks/peers.py` JSON file measured on this study's workload and budget: its peers'
+            points are drawn on the Pareto plots (`tuner.report.peers`).
 
     Raises:
         FileNotFoundError: the default study database does not exist.
         KeyError: the storage has no study of that name.
+        tuner.report.peers.PeersMismatch: `peers` cannot be drawn on this study (nothing is written).
     """
     if not isinstance(study_name, str):
         raise TypeError(f"build_report(study_name=...) takes the study's name as a str, got "
@@ -77,6 +80,8 @@ def build_report(study_name: str, *, storage: str | None = None, studies_dir: st
     timeline, note = _timeline(data, study_dir=study_dir, study_attrs=attrs, trials=trials, traced=traced)
     data = _with_timeline(data, timeline, note)
     data = _with_schedule_and_recompute(data, traced=traced, study_attrs=attrs)
+    if peers is not None:
+        data = replace(data, peers=study_peers(peers, recommendation))
     target = Path(out_dir) if out_dir is not None else Path(reports_dir) / report_folder_name(study_name)
     return write_report(data, target)
 
@@ -87,9 +92,11 @@ def write_report(data: ReportData, out_dir: Path) -> Path:
     from .html import Image, render_html
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    peers = data.peers.points if data.peers is not None else ()
     figures: dict[str, Any] = {
-        "pareto_batch": plots.plot_pareto(data.fronts[0]),
-        "pareto_memory": plots.plot_pareto(data.fronts[1], budget_bytes=data.budget_bytes, x_in_bytes=True),
+        "pareto_batch": plots.plot_pareto(data.fronts[0], peers=peers),
+        "pareto_memory": plots.plot_pareto(data.fronts[1], budget_bytes=data.budget_bytes, x_in_bytes=True,
+                                           peers=peers),
         "knobs": plots.plot_knobs(data.knobs, budget_bytes=data.budget_bytes),
     }
     if data.timeline is not None:
@@ -163,6 +170,20 @@ def _screening_study(study: Any, storage: Any) -> Any | None:
                     "leaves it out", name, study.study_name)
         return None
     return screen
+
+
+def study_peers(path: str | os.PathLike[str], recommendation: Recommendation | None) -> Any:
+    """The peers of `path` measured for this study (its workload, options, budget and margin, as its
+    recommendation records them); `tuner.report.peers.PeersMismatch` otherwise."""
+    from .peers import PeersMismatch, load_peers
+
+    if recommendation is None:
+        raise PeersMismatch("the study has no valid recommended.json to say its workload and budget")
+    doc = recommendation.document
+    workload = doc.get("workload") if isinstance(doc.get("workload"), Mapping) else {}
+    options = {**(workload.get("options") or {}), **(doc.get("model_options") or {})}
+    return load_peers(path, workload=str(doc.get("model") or workload.get("name") or ""), options=options,
+                      budget_bytes=recommendation.budget_bytes, safety_margin=doc.get("safety_margin"))
 
 
 def _load_recommendation(path: Path) -> Recommendation | None:

@@ -340,6 +340,8 @@ class ReportData:
             (`tuner.report.recompute.RecomputeSummary`), or None.
         recompute_note: why there is no `recompute` although the config recomputes ("" otherwise).
         knob_table: the knobs shown (`tuner.policy.knobs.KNOB_TABLE`: `LMSConfig`'s fields).
+        peers: the peers measured on this workload and budget (`tuner.report.peers.Peers`), drawn on the
+            Pareto plots when the report is asked for them (``--peers``), else None.
     """
 
     study_name: str
@@ -364,6 +366,7 @@ class ReportData:
     schedule: Any = None
     recompute: Any = None
     recompute_note: str = ""
+    peers: Any = None
 
     def row(self, number: int | None) -> Mapping[str, Any] | None:
         """The trials-frame row of trial `number` as a dict, or None."""

@@ -120,7 +120,29 @@ def _pareto(data: ReportData, images: Mapping[str, Image]) -> str:
     return ('<section id="pareto"><h2>Memory / throughput trade-off</h2>'
             f'<div class="pair">{_img(images.get("pareto_batch"), caption=_e(cap_batch))}'
             f'{_img(images.get("pareto_memory"), caption=_e(cap_mem))}</div>'
-            f"<h3>Pareto-optimal trials</h3>{_front_table(data)}</section>")
+            f"<h3>Pareto-optimal trials</h3>{_front_table(data)}{_peers(data)}</section>")
+
+
+def _peers(data: ReportData) -> str:
+    """The peers drawn on the plots (``--peers``): each one's largest batch, throughput and peak, against the
+    recommendation's, and where they come from."""
+    peers = data.peers
+    if peers is None:
+        return ""
+    rec = data.recommendation
+    rows = []
+    for p in sorted(peers.points, key=lambda p: -p.batch_size):
+        vs = (f"{rec.batch_size / p.batch_size:.2f}x" if rec is not None and p.batch_size else "–")
+        rows.append([_e(p.label), fmt_int(p.batch_size) + ("" if p.closed else " ?"), fmt_rate(p.throughput),
+                     fmt_bytes(p.peak_bytes), vs])
+    rows += [[_e(label), "–", "–", "–", _e(f"did not run: {why}")] for label, why in peers.not_run]
+    table = _table(["peer", "largest batch", "samples/s there", "peak there", "recommended batch / peer's"],
+                   rows, numeric=(1, 2, 3), cls="peers")
+    about = (f"{peers.label}, by {peers.command or 'benchmarks/peers.py'} ({peers.created}; file {peers.source}) on "
+             f"{peers.title}: the same workload, budget and margin as this study, but other processes and other "
+             "minutes of the machine, so compare throughputs loosely. '?': that peer's largest batch was not "
+             "bracketed to the next batch up. Diamonds on both plots.")
+    return f'<div id="peers"><h3>Against the peers</h3>{table}<p class="note">{_e(about)}</p></div>'
 
 
 def _timeline(data: ReportData, images: Mapping[str, Image]) -> str:

@@ -28,6 +28,7 @@ from ..budget import byte_unit, format_bytes
 
 if TYPE_CHECKING:
     from .data import KnobEffect, ParetoFront
+    from .peers import PeerPoint
     from .timeline import Timeline
 
 __all__ = ["RenderedFigure", "render", "plot_pareto", "plot_knobs", "plot_timeline", "byte_unit"]
@@ -42,6 +43,7 @@ BUDGET = "#CC79A7"
 SWAP_OUT = "#009E73"
 SWAP_IN = "#56B4E9"
 SCREEN = "#7fa7c9"
+PEER = "#6a3d9a"
 _DPI = 110
 
 
@@ -87,23 +89,28 @@ def _style(ax) -> None:
 # ---- Pareto plots ------------------------------------------------------------------------------
 
 def plot_pareto(front: "ParetoFront", *, budget_bytes: int | None = None, x_in_bytes: bool = False,
-                title: str = "") -> Figure:
+                title: str = "", peers: Sequence["PeerPoint"] = ()) -> Figure:
     """Throughput against `front.x`: front highlighted, baseline and recommendation marked.
 
-    Failed trials without a throughput (NaN or 0) sit on a strip just below zero.
+    Failed trials without a throughput (NaN or 0) sit on a strip just below zero. `peers`
+    (`tuner.report.peers`): other methods' points on the same workload, each a labelled diamond (on the
+    memory plot those with a recorded peak).
     """
     fig = _new_figure(6.4, 5.2)
     ax = fig.add_subplot()
     _style(ax)
     pts = front.points
+    peer_pts = [(p, float(p.peak_bytes if x_in_bytes else p.batch_size)) for p in peers
+                if (p.peak_bytes if x_in_bytes else p.batch_size)]
     scale, unit = 1.0, ""
     if x_in_bytes:
         finite = pd.concat([pts["x"], front.screen["x"]]).dropna()
-        candidates = [float(finite.max()) if len(finite) else 0.0, float(budget_bytes or 0)]
+        candidates = [float(finite.max()) if len(finite) else 0.0, float(budget_bytes or 0),
+                      *(x for _, x in peer_pts)]
         scale, unit = byte_unit(max(candidates))
     xs = pts["x"] / scale
     ys = pts["y"]
-    all_y = pd.concat([ys, front.screen["y"]])
+    all_y = pd.concat([ys, front.screen["y"]] + ([pd.Series([p.throughput for p, _ in peer_pts])] if peer_pts else []))
     ymax = float(all_y.max()) if all_y.notna().any() else 1.0
     strip = -0.06 * (ymax if ymax > 0 else 1.0)
 
@@ -140,6 +147,13 @@ def plot_pareto(front: "ParetoFront", *, budget_bytes: int | None = None, x_in_b
     if not rec.empty:
         ax.scatter(rec["x"] / scale, rec["y"], marker="*", s=260, color=RECOMMENDED, edgecolors=BASELINE,
                    linewidths=0.8, label="recommended", zorder=6)
+    if peer_pts:
+        ax.scatter([x / scale for _, x in peer_pts], [p.throughput for p, _ in peer_pts], marker="D", s=54,
+                   facecolors="none", edgecolors=PEER, linewidths=1.5, zorder=5,
+                   label="peers, largest batch (MEASURED)")
+        for p, x in peer_pts:  # matplotlib reads $...$ as math: the label is shown as text
+            ax.annotate(p.label.replace("$", r"\$")[:40], (x / scale, p.throughput), xytext=(5, -10),
+                        textcoords="offset points", fontsize=7, color=PEER)
     if x_in_bytes and budget_bytes:
         ax.axvline(budget_bytes / scale, color=BUDGET, linestyle="--", linewidth=1.3,
                    label=f"budget {format_bytes(budget_bytes)}", zorder=1)
@@ -148,7 +162,8 @@ def plot_pareto(front: "ParetoFront", *, budget_bytes: int | None = None, x_in_b
     # room above the highest point: the big baseline / recommended markers are not cut at the top edge
     ax.set_ylim(bottom=min(strip * 1.6, 0) if failed.any() else 0, top=(ymax if ymax > 0 else 1.0) * 1.12)
     if not x_in_bytes:
-        finite = pd.concat([xs, front.screen["x"] / scale]).dropna()
+        finite = pd.concat([xs, front.screen["x"] / scale]
+                           + ([pd.Series([x for _, x in peer_pts])] if peer_pts else [])).dropna()
         ax.set_xlim(0, float(finite.max()) * 1.1 if len(finite) and finite.max() > 0 else 1)
     else:
         ax.margins(x=0.08)
