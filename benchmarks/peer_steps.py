@@ -17,6 +17,8 @@ differs is how the user turns the method on:
   ``tf.config.optimizer.set_experimental_options`` has no key for it (see `grappler_facts`).
 - ``lms_config``: ``lms.function(step, config=...)`` as the tuner's trial worker wraps it.
 - ``lms_auto``: ``lms.function(step, config="auto", budget=...)``, traced at the batch it runs.
+- ``lms_tuned``: as ``lms_config``, with the config the tuner recommends at the common batch
+  (`benchmarks/peer_tuned.py`).
 
 Imports TensorFlow: only the child processes of `benchmarks/peers.py` import this module.
 """
@@ -272,11 +274,11 @@ def build(method: str, workload: Any, *, budget_bytes: int, lms_config: dict[str
     optimizer = workload.make_optimizer()
     step = make_train_step(model, workload.loss_fn, optimizer)
     signature = [workload.x_spec(), workload.y_spec()]
-    if method in ("lms_config", "lms_auto"):
+    if method in ("lms_config", "lms_auto", "lms_tuned"):
         import lms
         from tuner.trial import lms_summary_record
 
-        if method == "lms_config":
+        if method in ("lms_config", "lms_tuned"):  # lms_tuned: the tuner's pick at the common batch
             fn = lms.function(step, config=lms.LMSConfig.from_dict(lms_config or {}), emulate=True,
                               input_signature=signature, autograph=False)
         else:

@@ -60,9 +60,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from lms.config import atomic_write_text
+from peer_tuned import run_tuner, tuned_verdict, tuner_command  # noqa: E402
 from tuner.policy.bracket import ends, next_batch, start_from_peaks, verdicts
 
 RESULTS = ROOT / "benchmarks" / "results" / "peers.json"
+COMMON_RESULTS = ROOT / "benchmarks" / "results" / "peers_common.json"
 CACHE = ROOT / "benchmarks" / "results" / "cache" / "peers"
 RECOMMENDED = ROOT / "benchmarks" / "results" / "default_search_resnet50_emulated" / "run1_recommended.json"
 MiB, GiB = 1 << 20, 1 << 30
@@ -87,6 +89,7 @@ class Method:
     how: str  # how a TF2 user turns it on
     lms: bool = False
     pinned: bool = False  # the step's order pinned whole (its fresh processes repeat to the byte)
+    common_only: bool = False  # timed at the common batch only (its config is tuned for that batch)
 
 
 METHODS: tuple[Method, ...] = (
@@ -106,6 +109,9 @@ METHODS: tuple[Method, ...] = (
     Method("lms_config", "LMS, given config", "lms.function(step, config=LMSConfig.load(path)) (the config: see the model)",
            lms=True, pinned=True),
     Method("lms_auto", "LMS, config='auto'", "lms.function(step, config='auto', budget=...)", lms=True),
+    Method("lms_tuned", "LMS, tuned at the common batch",
+           "python -m tuner search --model M --batch <common batch>; lms.function(step, "
+           "config=LMSConfig.load('studies/<study>/recommended.json'))", lms=True, pinned=True, common_only=True),
 )
 METHOD_KEYS = tuple(m.key for m in METHODS)
 BY_KEY = {m.key: m for m in METHODS}
@@ -354,6 +360,17 @@ def measured_table(model: Mapping[str, Any]) -> list[str]:
         tried = " ".join(f"{b}{'+' if w == 'fits' else '-'}" for b, w in big["tried"])
         lines.append(f"{label:34s} {big['batch']:>12d}{closed:1s} {ratio} {big['throughput']:9.1f} {peak}  "
                      f"{tcol:>26s}  {tried}")
+    for key, t in at.items():  # timed at the common batch only (lms_tuned; every method with --common-only)
+        if key in model.get("methods", {}) or not t.get("n"):
+            continue
+        fit = (common.get("fits") or {}).get(key, 0)
+        tcol = f"{t['fastest']:6.1f} / {t['median']:5.1f} ({fit}/{t['n']} fit)"
+        lines.append(f"{BY_KEY[key].label:34s} {'-':>13s} {'-':>7s} {'-':>9s} {'-':>8s}  {tcol:>26s}")
+    tuned = model.get("tuned")
+    if tuned:
+        lines.append(f"the tuner at batch {cb}: {tuned.get('command')} -> exit {tuned.get('exit')} in "
+                     f"{tuned.get('wall_s', 0):.0f} s, " + (f"config {tuned['config']}" if tuned.get("config")
+                                                            else f"no recommendation: {tuned.get('why')}"))
     return lines
 
 
@@ -414,9 +431,10 @@ class Run:
 
 def _spec(model: ModelSpec, method: str, batches: Sequence[int], ctx: Mapping[str, Any], run: Run,
           **extra: Any) -> dict[str, Any]:
+    config = (ctx.get("configs") or {}).get(method, ctx["lms_config"])  # lms_tuned: the tuner's pick at the batch
     return {"workload": model.workload, "options": dict(model.options), "method": method,
             "batches": [int(b) for b in batches], "budget": ctx["budget"], "usable": ctx["usable"],
-            "lms_config": ctx["lms_config"], "warmup": run.warmup, "steps": run.steps, **extra}
+            "lms_config": config, "warmup": run.warmup, "steps": run.steps, **extra}
 
 
 def _one_process(model: ModelSpec, method: str, batch: int, ctx: Mapping[str, Any], run: Run,
@@ -485,7 +503,7 @@ def largest_batch(model: ModelSpec, method: Method, ctx: Mapping[str, Any], run:
 
 
 def measure_model(model: ModelSpec, methods: Sequence[str], run: Run, *, common_override: int | None,
-                  gpt_budget_mib: int) -> dict[str, Any]:
+                  gpt_budget_mib: int, common_only: bool = False) -> dict[str, Any]:
     from lms.auto import NoConfigFits, choose_config
     from lms.config import LMSConfig
     from tuner.policy.batch import predict_max_batch, usable_bytes
@@ -525,19 +543,39 @@ def measure_model(model: ModelSpec, methods: Sequence[str], run: Run, *, common_
                            "simulator_starts": {"plain": plain.batch, "lms_config": pred.batch,
                                                 "lms_auto": auto_start, "label": PREDICTED + ", device 'cpu'"},
                            "methods": {}}
-    if "grappler_recompute" in methods:
+    if "grappler_recompute" in methods and not common_only:
         facts = run_child({"workload": model.workload, "options": dict(model.options), "facts": True},
                           timeout=run.timeout)
         doc["grappler_facts"] = facts
         run.log(f"  Grappler facts: {json.dumps({k: v for k, v in facts.items() if k != 'public'})}")
     for key in methods:
+        if common_only or BY_KEY[key].common_only:
+            continue
         doc["methods"][key] = {"how": BY_KEY[key].how, **largest_batch(model, BY_KEY[key], ctx, run)}
     largest = {k: m["largest"]["batch"] for k, m in doc["methods"].items() if m.get("status") == "measured"}
     cb = common_override or common_batch(largest)
-    doc["common"] = measure_common(model, [k for k in methods if k in largest], cb, ctx, run) if cb else None
+    timed = [k for k in methods if k in largest or (common_only and not BY_KEY[k].common_only)]
+    if cb and "lms_tuned" in methods:
+        doc["tuned"] = tune_at_batch(model, cb, budget, run)
+        if doc["tuned"].get("config"):
+            ctx["configs"] = {"lms_tuned": doc["tuned"]["config"]}
+            timed.append("lms_tuned")
+    doc["common"] = measure_common(model, timed, cb, ctx, run) if cb else None
     doc["verdicts"] = verdict_lines(doc)
+    line = tuned_verdict(doc["common"] or {}, peers=[k for k in timed if not BY_KEY[k].lms],
+                         labels={m.key: m.label for m in METHODS})
+    if line:
+        doc["verdicts"].append(line)
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
     return doc
+
+
+def tune_at_batch(model: ModelSpec, batch: int, budget: int, run: Run) -> dict[str, Any]:
+    """The tuner's own search at `batch` (emulated backend, the same budget and margin), as a user runs it."""
+    cmd = tuner_command(model.workload, model.options, batch=batch, budget_bytes=budget,
+                        study=f"{model.key}-batch{batch}", studies_dir=CACHE / "tuned")
+    return run_tuner(cmd, studies_dir=CACHE / "tuned", study=f"{model.key}-batch{batch}", timeout=run.timeout * 4,
+                     env=_child_env(), log=run.log)
 
 
 def measure_common(model: ModelSpec, methods: Sequence[str], batch: int, ctx: Mapping[str, Any],
@@ -654,6 +692,8 @@ def predict_model(model: ModelSpec, methods: Sequence[str], run: Run, *, budget_
             rows[key] = {**simulate_max(graph, plan), "config": lms_config.to_dict(),
                          "how": "the plain graph planned with the config (kernels='gpu'), as benchmarks/paper.py"}
             steps[key] = fixed(graph, plan, f"{plan.n_swapped} tensors swapped")
+        elif key == "lms_tuned":
+            continue  # after the peers: the tuner is run at the best peer's batch
         elif key == "lms_auto":
             try:
                 choose_config(graph, batch=1 << 14, budget=budget, device=device)
@@ -675,6 +715,11 @@ def predict_model(model: ModelSpec, methods: Sequence[str], run: Run, *, budget_
                 rows[key]["planner_cannot"] = per_stage_note
         rows[key]["label"] = PREDICTED + f", {device}, {budget_gib:g} GiB, live bytes"
         run.log(f"  PREDICTED {model.key} {meth.label}: {rows[key].get('batch')}")
+    if "lms_tuned" in methods:
+        rows["lms_tuned"], step = predict_tuned(model, spec, graph, rows, budget=budget, device=device, run=run)
+        if step is not None:
+            steps["lms_tuned"] = step
+        rows["lms_tuned"]["label"] = PREDICTED + f", {device}, {budget_gib:g} GiB, live bytes"
     pairs = []
     for lms_key in (k for k in rows if BY_KEY[k].lms and rows[k].get("batch")):
         for peer in (k for k in rows if not BY_KEY[k].lms and rows[k].get("batch") and k in steps):
@@ -687,6 +732,36 @@ def predict_model(model: ModelSpec, methods: Sequence[str], run: Run, *, budget_
            "wall_s": round(time.perf_counter() - t0, 1)}
     doc["verdicts"] = predicted_verdicts(doc)
     return doc
+
+
+def predict_tuned(model: ModelSpec, spec: Any, graph: Any, rows: Mapping[str, Any], *, budget: int, device: str,
+                  run: Run) -> tuple[dict[str, Any], Callable[[int], tuple[Any, str]] | None]:
+    """The tuner's ``--backend simulate --batch B`` search at the best peer's largest batch B; its pick simulated
+    there (row, step) or why there is none."""
+    from lms import plan_swaps
+    from lms.config import LMSConfig
+    from lms.simulator import simulate
+
+    peers = {k: r for k, r in rows.items() if not BY_KEY[k].lms and r.get("batch")}
+    if not peers:
+        return {"batch": None, "why": "no peer has a predicted batch"}, None
+    best = max(peers, key=lambda k: peers[k]["batch"])
+    b = int(peers[best]["batch"])
+    study = f"{model.key}-{device}-batch{b}"
+    cmd = tuner_command(spec.workload, spec.options, batch=b, budget_bytes=budget, study=study,
+                        studies_dir=CACHE / "tuned", backend="simulate", device=device, trials=80)
+    tuned = run_tuner(cmd, studies_dir=CACHE / "tuned", study=study, timeout=run.timeout * 2, env=_child_env(),
+                      log=run.log)
+    if not tuned.get("config"):
+        return {"batch": None, "why": f"the tuner at batch {b}: {tuned.get('why')}", "tuner": tuned}, None
+    plan = plan_swaps(graph, LMSConfig.from_dict(tuned["config"]), kernels="gpu")
+    r = simulate(graph, plan, batch=b, device=device, timeline=False)
+    what = f"the tuner's pick at batch {b} ({plan.n_swapped} tensors swapped)"
+    return ({"batch": b, "throughput": r.throughput, "peak_bytes": r.peak_device_bytes, "config": tuned["config"],
+             "at_peer": best, "tuner": tuned,
+             "how": f"python -m tuner search --backend simulate --batch {b} (the largest batch of the best peer, "
+                    f"{BY_KEY[best].label}), 80 trials; its pick simulated there"},
+            lambda batch: (simulate(graph, plan, batch=batch, device=device, timeline=False), what))
 
 
 def _sim_record(r: Any, what: str) -> dict[str, Any]:
@@ -713,17 +788,20 @@ def predicted_verdicts(pred: Mapping[str, Any]) -> list[str]:
     for key in (k for k in rows if BY_KEY[k].lms and rows[k].get("batch")):
         label, batch = BY_KEY[key].label, rows[key]["batch"]
         peers = {k: r for k, r in rows.items() if not BY_KEY[k].lms and r.get("batch")}
-        beaten = [k for k, r in peers.items() if r["batch"] >= batch]
+        beaten = [] if BY_KEY[key].common_only else [k for k, r in peers.items() if r["batch"] >= batch]
         for k in beaten:
             lines.append(f"{BY_KEY[k].label} " + ("BEATS" if peers[k]["batch"] > batch else "TIES with")
                          + f" {label} on the largest batch: {peers[k]['batch']} vs {batch}")
-        if peers and not beaten:
+        if peers and not beaten and not BY_KEY[key].common_only:
             best = max(peers, key=lambda k: peers[k]["batch"])
             lines.append(f"{label}: largest batch {batch}, ahead of every peer (best: {BY_KEY[best].label}, "
                          f"{peers[best]['batch']})")
         for pair in (p for p in pred.get("pairs", []) if p["lms"] == key):
             a, p = pair["lms_step"], pair["peer_step"]
             if p["throughput"] <= a["throughput"] * 1.001:
+                if BY_KEY[key].common_only:
+                    lines.append(f"{label} at batch {pair['batch']}: {a['throughput']:.1f} samples/s, no slower than "
+                                 f"{BY_KEY[pair['peer']].label} ({p['throughput']:.1f}): the tuner reaches its point")
                 continue
             lines.append(
                 f"{BY_KEY[pair['peer']].label} BEATS {label} on throughput at batch {pair['batch']} (both fit it): "
@@ -785,6 +863,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 2)")
     p.add_argument("--common-batch", type=int, default=None, help="the common batch (default: 90%% of the "
                    "smallest of the methods' largest batches)")
+    p.add_argument("--common-only", action="store_true", help="only the common batch (--common-batch, required): "
+                   "no largest batches, no PREDICTED part; writes benchmarks/results/peers_common.json")
     p.add_argument("--gpt-budget-mib", type=int, default=GPT_BUDGET_MIB, help="the small GPT's device budget, MiB")
     p.add_argument("--budget-gib", type=float, default=16.0, help="PREDICTED part: device memory (default 16)")
     p.add_argument("--device", default="P100-16GB", help="PREDICTED part: device profile (default P100-16GB)")
@@ -792,7 +872,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-predicted", action="store_true", help="skip the PREDICTED part")
     p.add_argument("--predicted-only", action="store_true", help="only the PREDICTED part")
     p.add_argument("--timeout", type=float, default=600, help="seconds one process may take (default 600)")
-    p.add_argument("--output", type=Path, default=RESULTS, help="JSON output (default: %(default)s)")
+    p.add_argument("--output", type=Path, default=None, help=f"JSON output (default: {RESULTS.relative_to(ROOT)}; "
+                   f"with --common-only {COMMON_RESULTS.relative_to(ROOT)})")
     return p
 
 
@@ -810,6 +891,9 @@ def check_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         raise BadArgs(f"--timeout {args.timeout}: must be a positive number of seconds")
     if args.no_predicted and args.predicted_only:
         raise BadArgs("--no-predicted and --predicted-only exclude each other")
+    if args.common_only and (args.common_batch is None or args.predicted_only):
+        raise BadArgs("--common-only needs --common-batch N (the batch every method is timed at) and excludes "
+                      "--predicted-only")
     from lms.machine.devices import get_device
 
     try:
@@ -837,6 +921,8 @@ def main(argv: list[str] | None = None) -> int:
     except BadArgs as exc:
         print(f"peers.py: error: {exc}", file=sys.stderr)
         return 2
+    if args.output is None:
+        args.output = COMMON_RESULTS if args.common_only else RESULTS
     if args.quick:
         args.repeats, args.rounds, warmup, steps = 1, 1, 1, 2
     else:
@@ -861,9 +947,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.predicted_only:
         for key in models:
             doc["measured"][key] = measure_model(MODELS[key], methods, run, common_override=args.common_batch,
-                                                 gpt_budget_mib=args.gpt_budget_mib)
-            doc["checks"][key] = check_peer_graphs(MODELS[key], doc["measured"][key], run)
-    if not args.no_predicted:
+                                                 gpt_budget_mib=args.gpt_budget_mib, common_only=args.common_only)
+            if not args.common_only:
+                doc["checks"][key] = check_peer_graphs(MODELS[key], doc["measured"][key], run)
+    if not args.no_predicted and not args.common_only:
         for key in models:
             doc["predicted"][key] = predict_model(MODELS[key], methods, run, budget_gib=args.budget_gib,
                                                   device=args.device)

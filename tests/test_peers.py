@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import peer_tuned
 import peers
 
 MiB = 1 << 20
@@ -167,6 +168,7 @@ def test_pick_accepts_commas_and_spaces_and_drops_repeats():
     (["--budget-gib", "-1"], "--budget-gib -1.0: must be a positive number"),
     (["--device", "X100"], "--device 'X100': unknown device"),
     (["--no-predicted", "--predicted-only"], "--no-predicted and --predicted-only exclude each other"),
+    (["--common-only"], "--common-only needs --common-batch N"),
 ])
 def test_bad_arguments_print_one_line_and_exit_2(args, message):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peers.py"), *args], capture_output=True,
@@ -207,3 +209,85 @@ def test_predicted_verdicts_name_ties_and_faster_peers_with_the_link_time_as_the
     assert "2.9 vs 1.6 samples/s (0.55x)" in lines[1] and "6.90 s waiting on the host link (262.0 GiB" in lines[1]
     pred["pairs"][0]["peer_step"] = _step(1.6)
     assert len(peers.predicted_verdicts(pred)) == 1  # equal speed: no verdict
+
+
+# ---- the tuner at the common batch (benchmarks/peer_tuned.py) -------------------------------------------------
+
+def test_the_tuner_is_asked_for_the_batch_with_the_same_budget_and_every_model_option(tmp_path):
+    cmd = peer_tuned.tuner_command("gpt2_small", {"seq_len": 512, "n_layers": 2}, batch=4, budget_bytes=256 * MiB,
+                                   study="gpt2-batch4", studies_dir=tmp_path, backend="simulate", device="P100-16GB",
+                                   trials=80)
+    assert cmd[:4] == [sys.executable, "-m", "tuner", "search"]
+    flags = dict(zip(cmd[4::2], cmd[5::2]))
+    assert flags["--budget"] == "256MiB" and flags["--batch"] == "4" and flags["--backend"] == "simulate"
+    assert flags["--device"] == "P100-16GB" and flags["--trials"] == "80" and flags["--seed"] == "0"
+    assert [cmd[i + 1] for i, c in enumerate(cmd) if c == "--model-option"] == ["seq_len=512", "n_layers=2"]
+    assert cmd[-1] == "--no-report"
+    odd = peer_tuned.tuner_command("m", {}, batch=1, budget_bytes=MiB + 1, study="s", studies_dir=tmp_path)
+    assert odd[odd.index("--budget") + 1] == f"{MiB + 1}B"
+
+
+def test_a_recommendation_is_read_with_its_config_and_whether_lms_is_on(tmp_path):
+    from lms.config import LMSConfig
+
+    path = tmp_path / "recommended.json"
+    assert peer_tuned.read_recommendation(path)["config"] is None  # no file: nothing recommended
+    path.write_text('{"schema": "lms.config", "schema_version": 3, "config": ' +
+                    __import__("json").dumps(LMSConfig(n_tensors=0).to_dict()) + "}")
+    off = peer_tuned.read_recommendation(path)
+    assert off["config"]["n_tensors"] == 0 and off["lms_on"] is False
+    path.write_text('{"schema": "lms.config", "schema_version": 3, "config": ' +
+                    __import__("json").dumps(LMSConfig(n_tensors=12, lb=4).to_dict()) + "}")
+    on = peer_tuned.read_recommendation(path)
+    assert on["config"]["n_tensors"] == 12 and on["config"]["lb"] == 4 and on["lms_on"] is True
+
+
+def _common(**fastest: tuple[float, float]) -> dict:
+    return {"batch": 16, "throughput": {k: {"n": 2, "fastest": f, "median": f, "spread": sp}
+                                        for k, (f, sp) in fastest.items()}}
+
+
+@pytest.mark.parametrize("mine, spread, verdict", [
+    (86.0, 0.02, "no slower: the tuner reaches the peers there"),
+    (83.0, 0.05, "within the spread of the processes (5%): the tuner reaches the peers there"),
+    (70.0, 0.05, "more than the spread of the processes (5%): the peer's point is NOT reached"),
+])
+def test_the_tuned_verdict_compares_with_the_fastest_peer_and_the_spread(mine, spread, verdict):
+    labels = {m.key: m.label for m in peers.METHODS}
+    common = _common(plain=(85.0, spread), recompute_grad_stage=(68.0, 0.01), lms_tuned=(mine, 0.01),
+                     lms_config=(90.0, 0.0))  # an LMS method is never "the fastest peer"
+    line = peer_tuned.tuned_verdict(common, peers=["plain", "recompute_grad_stage"], labels=labels)
+    assert line.startswith(f"LMS, tuned at the common batch at the common batch 16: {mine:.1f} samples/s, "
+                           f"{mine / 85.0:.2f}x the fastest peer (plain tf.function, 85.0)")
+    assert line.endswith(verdict)
+    assert peer_tuned.tuned_verdict(_common(plain=(85.0, 0.0)), peers=["plain"], labels=labels) is None
+
+
+def test_the_measured_table_shows_a_method_timed_only_at_the_common_batch_and_the_tuners_command():
+    model = _model(lms_batch=165, lms_thr=55.0, swapped=136)
+    model["common"]["throughput"]["lms_tuned"] = {"n": 2, "fastest": 84.0, "median": 80.0, "spread": 0.05}
+    model["common"]["fits"]["lms_tuned"] = 2
+    model["tuned"] = {"command": "python -m tuner search --batch 25", "exit": 0, "wall_s": 200.0,
+                      "config": {"n_tensors": 0}}
+    lines = peers.measured_table(model)
+    row = next(ln for ln in lines if ln.startswith("LMS, tuned at the common batch"))
+    assert "84.0 /  80.0 (2/2 fit)" in row
+    assert lines[-1] == ("the tuner at batch 25: python -m tuner search --batch 25 -> exit 0 in 200 s, "
+                         "config {'n_tensors': 0}")
+
+
+def test_a_method_timed_only_at_the_common_batch_is_not_judged_on_the_largest_batch_when_predicted():
+    pred = {"rows": {"recompute_grad_stage": {"batch": 20}, "lms_tuned": {"batch": 20}},
+            "pairs": [{"lms": "lms_tuned", "peer": "recompute_grad_stage", "batch": 20,
+                       "lms_step": _step(3.0), "peer_step": _step(2.9)}]}
+    assert peers.predicted_verdicts(pred) == [
+        "LMS, tuned at the common batch at batch 20: 3.0 samples/s, no slower than tf.recompute_grad per stage "
+        "(2.9): the tuner reaches its point"]
+
+
+@pytest.mark.parametrize("module", [peers, peer_tuned], ids=["peers", "peer_tuned"])
+def test_the_docstring_examples_hold(module):
+    import doctest
+
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
