@@ -8,7 +8,7 @@ P100-16GB; every figure is PREDICTED by the simulator.
 2. For N = 2 B0, 3 B0, 4 B0, the exhaustive grid: every distinct config of the
    tuner's space simulated at batch N (`tuner.policy.batch.predict_at_batch`, what the
    simulate backend runs with ``--batch N``); the best is the fastest that fits.
-3. The tuner: `tuner.loop.optimize` with the fixed-batch goal, its sampler and
+3. The tuner: `tuner.study.loop.optimize` with the fixed-batch goal, its sampler and
    warm start, for several seeds, with at most 15% of the grid's configs; its
    trials are looked up in the grid (deterministic, so what the tuner would compute).
    Its pick is the fastest feasible config it evaluated (`tuner.policy.selection.select_recommendation`).
@@ -66,10 +66,10 @@ def run_tuner(space: Any, grid: dict[str, dict], *, batch: int, seed: int, trial
 
     from tuner.policy.records import predicted_record
     from tuner.policy.knobs import canonical_key
-    from tuner.loop import optimize
+    from tuner.study.loop import optimize
     from tuner.policy.selection import select_recommendation
-    from tuner.progress import Progress
-    from tuner.study import make_sampler
+    from tuner.study.progress import Progress
+    from tuner.study.study import make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=make_sampler(sampler, seed=seed))

@@ -45,8 +45,8 @@ def resolution_row(*, budget_bytes: int = int(16 * GiB), device: str = "P100-16G
 
     from tuner.grow import run_grow
     from tuner.models import load_workload
-    from tuner.settings import SearchSettings
-    from tuner.storage import resolve_storage
+    from tuner.study.settings import SearchSettings
+    from tuner.study.storage import resolve_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = f"unet3d-b{batch}-{budget_bytes // (1 << 20)}MiB-{device}"

@@ -8,7 +8,7 @@ tuner's own search space (`tuner.policy.space.SearchSpace`) and 5% safety margin
    (`tuner.policy.batch.predict_max_batch`, what the tuner's simulate backend runs).
    Points that plan identically (e.g. every ``n_tensors=0`` point) are one
    config; the grid's trial count is its number of distinct configs.
-2. The tuner: `tuner.loop.optimize` with the tuner's sampler and warm start
+2. The tuner: `tuner.study.loop.optimize` with the tuner's sampler and warm start
    (no-LMS baseline, TFLMS defaults), for several seeds. Its trials are looked
    up in the grid's results (the simulation is deterministic, so this is what
    the tuner would compute, without paying for it twice).
@@ -122,11 +122,11 @@ def run_tuner(space: Any, grid: dict[str, dict], *, sampler: str, seed: int, tri
     import optuna
 
     from tuner.policy.batch import Prediction
-    from tuner.progress import Progress
+    from tuner.study.progress import Progress
     from tuner.policy.knobs import canonical_key
-    from tuner.loop import optimize
+    from tuner.study.loop import optimize
     from tuner.policy.records import predicted_record
-    from tuner.study import make_sampler
+    from tuner.study.study import make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=make_sampler(sampler, seed=seed))

@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _MAX_MESSAGE = 1 << 20
 _POLL_S = 0.01
 #: What a ``python -m tuner search`` process imports before its first trial, in the order it does.
-PRELOADED = ("tuner.cli", "tuner.cli.run", "tuner.search", "tuner.loop", "tuner.outputs", "tuner.storage",
+PRELOADED = ("tuner.cli", "tuner.cli.run", "tuner.search", "tuner.study.loop", "tuner.outputs", "tuner.study.storage",
              "optuna", "optuna.storages._rdb.storage", "optuna.storages._rdb.models", "alembic.command",
              "alembic.migration", "sqlalchemy.orm", "pandas")
 #: What the suite's TensorFlow subprocesses import first (`run_python`).

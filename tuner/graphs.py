@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 from .backends import get_backend
 from .errors import BadInput, SearchError
 from .protocol import DescribeRequest, MeasureRequest, TraceRequest
-from .settings import SearchSettings
+from .study.settings import SearchSettings
 from .worker import run_worker, worker_env
 
 __all__ = ["load_graph", "load_profile", "derive_budget", "derive_emulated_budget", "plain_peak_at",

@@ -37,8 +37,8 @@ from .backends import get_backend
 from .budget import format_bytes
 from .errors import BadInput
 from .policy.knobs import KNOB_TABLE
-from .settings import SearchSettings
-from .storage import resolve_storage
+from .study.settings import SearchSettings
+from .study.storage import resolve_storage
 
 __all__ = ["Bracket", "largest_fitting", "ValueVerdict", "GrowOutcome", "run_grow", "format_grow",
            "MAX_STEPS"]
@@ -287,7 +287,7 @@ def _baseline_of(settings: SearchSettings) -> dict[str, Any] | None:
     """The no-LMS trial of a value's study: whether it fits at the batch, its peak and throughput."""
     import optuna
 
-    from .storage import open_storage
+    from .study.storage import open_storage
 
     study = optuna.load_study(study_name=settings.study, storage=open_storage(settings.storage))
     for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):

@@ -37,7 +37,7 @@ from .policy.records import corrections_warning
 from .policy.selection import Confirmed, baseline_trial, feasible_trials, select_recommendation, throughput_peak_front
 
 if TYPE_CHECKING:
-    from .settings import SearchSettings
+    from .study.settings import SearchSettings
 
 __all__ = [
     "RECOMMENDATION_SCHEMA", "SCHEMA_VERSION", "source_label", "build_recommendation", "trials_rows",

@@ -4,7 +4,7 @@ Objectives: maximise the largest batch that fits the budget, and maximise
 throughput (samples/s) at that batch; the peak device memory is recorded. A
 config that does not fit at any batch is a COMPLETE trial with values (0, 0)
 and a positive constraint (``trial.set_constraint``, read by TPE and NSGA-II),
-never a silent failure. Sampler: multivariate TPE (`tuner.study.make_sampler`).
+never a silent failure. Sampler: multivariate TPE (`tuner.study.study.make_sampler`).
 
 `run_search` sets the study up and hands it to the backend
 (`tuner.backends`): ``simulate`` predicts every trial in-process; ``emulated``
@@ -41,13 +41,13 @@ from .policy.batch import Prediction, predict_max_batch, usable_bytes
 from .budget import format_bytes
 from .environment import host_memory_bytes, tensorflow_distribution
 from .graphs import derive_budget, load_graph, load_profile
-from .progress import Progress
+from .study.progress import Progress
 from .policy.records import counted
-from .recovery import recover_stale_trials
-from .settings import SearchSettings, study_settings_conflict
+from .study.recovery import recover_stale_trials
+from .study.settings import SearchSettings, study_settings_conflict
 from .policy.space import SearchSpace
-from .storage import open_storage, storage_lock
-from .study import TUNER_ATTR, claim_study, make_sampler, queue_warm_start, setup_finished, tuner_record
+from .study.storage import open_storage, storage_lock
+from .study.study import TUNER_ATTR, claim_study, make_sampler, queue_warm_start, setup_finished, tuner_record
 
 __all__ = ["run_search", "SearchOutcome", "environment_info"]
 
@@ -252,7 +252,7 @@ def _cut_short(run: SearchRun, *, finished: bool, stopped: bool) -> str:
 
 
 def _settings_record(settings: SearchSettings) -> dict[str, Any]:
-    """The study's settings record (`tuner.study.TUNER_ATTR`) as far as it is known before tracing."""
+    """The study's settings record (`tuner.study.study.TUNER_ATTR`) as far as it is known before tracing."""
     return {**settings.identity(), "budget_bytes": settings.budget_bytes, "budget_source": settings.budget_source,
             "budget_from_batch": settings.budget_from_batch,
             "workload": dict(settings.workload), "storage": settings.storage.display, "schema_version": 1,

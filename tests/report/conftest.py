@@ -65,7 +65,7 @@ def evil_report(tmp_path_factory) -> Built:
     screen.append(record(n_tensors=9, batch=0, throughput=0.0, peak=None, status="infeasible"))
     make_study(root, EVIL_NAME + ".simulated", screen, storage=storage, folder=report_folder_name(EVIL_NAME),
                study_attrs={"role": "screen", "screen_of": EVIL_NAME,
-                            "tuner": {"role": "screen", "screen_of": EVIL_NAME}})  # as tuner.study marks it
+                            "tuner": {"role": "screen", "screen_of": EVIL_NAME}})  # as tuner.study.study marks it
     # a figure from an earlier run that this report does not draw must go
     stale = root / "reports" / report_folder_name(EVIL_NAME) / "timeline.png"
     stale.parent.mkdir(parents=True)

@@ -73,8 +73,8 @@ def test_the_budget_is_the_no_lms_peak_at_that_batch(tmp_path: Path, seed_graph,
 @pytest.mark.slow
 def test_a_measured_backend_measures_the_no_lms_peak_in_a_fresh_process(tmp_path: Path, tiny_graph_doc: dict) -> None:
     from tuner.graphs import derive_budget
-    from tuner.settings import SearchSettings
-    from tuner.storage import resolve_storage
+    from tuner.study.settings import SearchSettings
+    from tuner.study.storage import resolve_storage
 
     settings = SearchSettings(study="m", model=TINY_MODEL, model_options={}, backend="emulated", budget_bytes=None,
                               budget_source="--budget-from-batch 4", device="cpu", trials=1, screen_trials=0,

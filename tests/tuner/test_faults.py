@@ -279,7 +279,7 @@ def test_worker_death_recovered_by_heartbeat(tmp_path: Path) -> None:
     """A trial whose process (on another machine) stopped its heartbeat is failed and queued again, once."""
     import warnings
 
-    from tuner.recovery import recover_stale_trials
+    from tuner.study.recovery import recover_stale_trials
     from tuner.policy.space import SearchSpace
 
     with warnings.catch_warnings():

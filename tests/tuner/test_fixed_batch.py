@@ -17,9 +17,9 @@ from tuner.grow import largest_fitting, run_grow
 from tuner.policy.knobs import canonical_key
 from tuner.models import load_workload
 from tuner.search import run_search
-from tuner.settings import SearchSettings, study_settings_conflict
+from tuner.study.settings import SearchSettings, study_settings_conflict
 from tuner.policy.space import SearchSpace
-from tuner.storage import resolve_storage
+from tuner.study.storage import resolve_storage
 
 MiB = 1 << 20
 optuna.logging.set_verbosity(optuna.logging.WARNING)

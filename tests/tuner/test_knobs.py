@@ -20,15 +20,15 @@ from lms.config import knob
 from tests.synthetic import residual
 from tuner.policy.batch import predict_max_batch, usable_bytes
 from tuner.policy.knobs import KNOB_TABLE, KnobTable, canonical_key, short_label, swap_note
-from tuner.loop import optimize
+from tuner.study.loop import optimize
 from tuner.outputs import write_trials_csv
-from tuner.progress import Progress
+from tuner.study.progress import Progress
 from tuner.policy.records import predicted_record
 from tuner.report.data import report_data
 from tuner.report.html import render_html
 from tuner.report.markup import config_knobs
 from tuner.policy.space import SearchSpace
-from tuner.study import make_sampler
+from tuner.study.study import make_sampler
 
 MiB = 1 << 20
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -11,8 +11,8 @@ import pytest
 from lms import LMSConfig
 from tuner.outputs import format_recommendation, read_recommendation, source_label, write_outputs
 from tuner.policy.selection import pareto_front, select_recommendation
-from tuner.settings import SearchSettings
-from tuner.storage import resolve_storage
+from tuner.study.settings import SearchSettings
+from tuner.study.storage import resolve_storage
 
 MiB = 1 << 20
 DIST = {"n_tensors": optuna.distributions.IntDistribution(0, 100, step=10)}

@@ -20,7 +20,7 @@ from lms import LMSConfig
 from tests import forked_cli
 from tuner.policy.knobs import canonical_key
 from tuner.policy.records import counted
-from tuner.storage import engine_url
+from tuner.study.storage import engine_url
 
 from .conftest import PG_PASSWORD, ROOT, TINY_MODEL, report_fault_figures
 from .test_faults import figures

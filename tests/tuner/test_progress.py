@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.progress import PHASES, PROCESSES_PER_TRIAL, Progress
+from tuner.study.progress import PHASES, PROCESSES_PER_TRIAL, Progress
 
 
 def test_time_left_counts_simulations_trials_processes_and_repeats() -> None:

@@ -174,7 +174,7 @@ def test_warm_start_is_queued_once_over_many_starts(tmp_path: Path, seed_graph) 
 # ---------------------------------------------------------------- 13. list with a corrupt study.db
 
 def test_list_shows_every_readable_study_and_flags_a_corrupt_one(tmp_path: Path) -> None:
-    from tuner.storage import open_storage, resolve_storage
+    from tuner.study.storage import open_storage, resolve_storage
 
     studies = tmp_path / "studies"
     for name in ("alpha", "gamma"):

@@ -198,7 +198,7 @@ def test_02_a_query_secret_leaks_nowhere_on_a_real_server(postgres_url: str, tmp
     texts += [p.read_bytes().decode("utf-8", "replace") for p in tmp_path.rglob("*") if p.is_file()]
     assert (tmp_path / "reports" / "q" / "index.html").is_file()
     assert not [t for t in texts if "KEYPASS123" in t]
-    from tuner.storage import engine_url
+    from tuner.study.storage import engine_url
 
     study = optuna.load_study(study_name="q", storage=engine_url(postgres_url))
     assert "KEYPASS123" not in json.dumps(study.user_attrs)

@@ -15,18 +15,18 @@ from optuna.trial import TrialState
 from lms import LMSConfig
 from tests.synthetic import residual
 from tuner.policy.batch import predict_max_batch, usable_bytes
-from tuner.progress import Progress
+from tuner.study.progress import Progress
 from tuner.policy.knobs import canonical_key
-from tuner.loop import optimize
+from tuner.study.loop import optimize
 from tuner.policy.pareto import pareto_picks
 from tuner.policy.records import predicted_record
 from tuner.policy.records import TrialRecord
-from tuner.recovery import recover_stale_trials
+from tuner.study.recovery import recover_stale_trials
 from tuner.search import run_search
-from tuner.settings import SearchSettings, study_settings_conflict
+from tuner.study.settings import SearchSettings, study_settings_conflict
 from tuner.policy.space import DistinctCounter, SearchSpace
-from tuner.study import make_sampler
-from tuner.storage import open_storage, resolve_storage
+from tuner.study.study import make_sampler
+from tuner.study.storage import open_storage, resolve_storage
 
 MiB = 1 << 20
 optuna.logging.set_verbosity(optuna.logging.WARNING)

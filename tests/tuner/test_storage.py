@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.storage import (StorageError, StudyNameError, check_reachable, mask_secrets, mask_url, open_storage,
+from tuner.study.storage import (StorageError, StudyNameError, check_reachable, mask_secrets, mask_url, open_storage,
                            resolve_storage, study_names, validate_study_name)
 
 

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 from ..policy.bracket import start_from_peaks
 
 if TYPE_CHECKING:
-    from ..progress import Progress
+    from ..study.progress import Progress
     from ..policy.records import TrialRecord
-    from ..settings import SearchSettings
+    from ..study.settings import SearchSettings
     from ..policy.space import SearchSpace
 
 __all__ = ["Backend", "SearchRun", "GpuChoice"]
@@ -50,9 +50,9 @@ class SearchRun:
         predict: the simulator's (cached) prediction of a config.
         deadline: `time.monotonic()` after which no trial starts (None: none).
         progress: the progress bar.
-        ask_lock: the storage lock around ``study.ask`` (`tuner.storage.storage_lock`).
+        ask_lock: the storage lock around ``study.ask`` (`tuner.study.storage.storage_lock`).
         attrs: the study's stored tuner settings (a screening study copies them).
-        stopped: why the loop ended (``stopped["reason"]``, see `tuner.loop.optimize`).
+        stopped: why the loop ended (``stopped["reason"]``, see `tuner.study.loop.optimize`).
         screen: the screening study, once a measured backend made it.
         notes: what the backend has to say in recommended.json (e.g. a confirmation cut short).
         plain_peaks: batch -> the allocator peak of the plain step in TF's own order, measured by the

@@ -11,7 +11,7 @@ the repeats of the rule's pick and the baseline side by side
 (`tuner.confirm.confirm_recommendation`); with ``--confirm 0`` or ``--batch``
 one worker that searches in-process (`tuner.trial`). The simulator skips configs
 it predicts cannot fit and aims the first batch. Several worker slots
-(``--gpus``, ``--workers``) run `tuner.loop.optimize` in threads on one study.
+(``--gpus``, ``--workers``) run `tuner.study.loop.optimize` in threads on one study.
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ from ..policy.bracket import ends, verdicts, verdict_word
 from ..confirm import (RECORDED_FIGURES, FreshRuns, confirm_recommendation, fresh_process_trials, measure_trial,
                        retime_in_fresh_processes)
 from ..budget import format_bytes
-from ..loop import Interrupted, optimize
+from ..study.loop import Interrupted, optimize
 from ..host import host_verdict
 from ..oom import HOST_OOM
 from ..policy.pareto import pareto_picks
-from ..progress import Progress
+from ..study.progress import Progress
 from ..protocol import MeasureRequest
 from ..policy.records import INFEASIBLE, TrialRecord, counted, predicted_record
-from ..recovery import recover_stale_trials
-from ..study import SCREEN_SUFFIX, claim_screen_study, make_sampler, queue_warm_start
+from ..study.recovery import recover_stale_trials
+from ..study.study import SCREEN_SUFFIX, claim_screen_study, make_sampler, queue_warm_start
 from ..worker import WorkerOutcome, run_worker
 from .base import Backend, SearchRun
 

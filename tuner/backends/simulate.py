@@ -6,7 +6,7 @@ import os
 from typing import Any, Callable, Mapping
 
 from ..errors import BadInput
-from ..loop import optimize
+from ..study.loop import optimize
 from .base import Backend, GpuChoice, SearchRun
 
 __all__ = ["SimulateBackend"]

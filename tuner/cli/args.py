@@ -11,7 +11,7 @@ from ..backends import BACKENDS, get_backend
 from ..budget import BudgetError, parse_budget
 from ..errors import BadInput
 from ..policy.knobs import KNOB_TABLE
-from ..storage import DEFAULT_STUDIES_DIR, StudyNameError, validate_study_name
+from ..study.storage import DEFAULT_STUDIES_DIR, StudyNameError, validate_study_name
 from .best import cmd_best
 from .common import PROG, shorten, shown
 from .list import cmd_list
@@ -24,7 +24,7 @@ __all__ = ["build_parser", "DEFAULT_SCREEN_TRIALS", "MAX_BATCH"]
 
 
 #: Simulated screening trials before the measured ones: the warm starts, the n_tensors ladder (half the screen,
-#: `tuner.study.queue_warm_start`) and the sampler's draws. In 18 recorded ResNet-50 searches the config measured
+#: `tuner.study.study.queue_warm_start`) and the sampler's draws. In 18 recorded ResNet-50 searches the config measured
 #: was a ladder level every time; 20 keeps the whole ladder and 10 draws (30 took 40 s of a 2-core machine).
 DEFAULT_SCREEN_TRIALS = 20
 

@@ -41,8 +41,8 @@ def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | N
     from ..confirm import CONFIRMATIONS_ATTR
     from ..outputs import build_recommendation
     from ..policy.selection import select_recommendation
-    from ..settings import SearchSettings
-    from ..study import tuner_record
+    from ..study.settings import SearchSettings
+    from ..study.study import tuner_record
 
     spec, _, study = open_existing(args)
     stored = tuner_record(study.user_attrs) or {}

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput
-from ..storage import EmptyStorage, StorageSpec, check_reachable, resolve_storage, writable_folder
+from ..study.storage import EmptyStorage, StorageSpec, check_reachable, resolve_storage, writable_folder
 
 __all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_BAD_INPUT", "PROG", "shown", "shorten", "err", "check_output_folder",
            "open_existing"]
@@ -50,8 +50,8 @@ def open_existing(args: argparse.Namespace) -> tuple[StorageSpec, Any, Any]:
     """(spec, storage, study) of an existing study, or BadInput; creates and changes nothing (read-only)."""
     import optuna
 
-    from ..storage import open_storage, study_names
-    from ..study import foreign_study
+    from ..study.storage import open_storage, study_names
+    from ..study.study import foreign_study
 
     spec = resolve_storage(args.storage, args.study, studies_dir=args.studies_dir)
     check_reachable(spec, create=False)

@@ -6,7 +6,7 @@ import argparse
 
 from ..budget import format_bytes
 from ..errors import BadInput
-from ..storage import EmptyStorage, StorageSpec, check_reachable, mask_secrets, resolve_storage
+from ..study.storage import EmptyStorage, StorageSpec, check_reachable, mask_secrets, resolve_storage
 from .common import EXIT_OK, err
 
 __all__ = ["cmd_list"]
@@ -56,10 +56,10 @@ def _study_rows(args: argparse.Namespace, spec: StorageSpec) -> list[tuple[str, 
     import optuna
 
     from ..policy.records import counted
-    from ..storage import open_storage
+    from ..study.storage import open_storage
 
     from ..outputs import read_recommendation
-    from ..study import foreign_study, tuner_record
+    from ..study.study import foreign_study, tuner_record
 
     rows = []
     storage = open_storage(spec, read_only=True)

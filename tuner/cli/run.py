@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 from ..budget import BudgetError
 from ..errors import BadInput
 from ..exits import MaskSecretsFilter, StopSignals
-from ..storage import StorageError, StudyNameError, mask_secrets, mask_url, storage_failure
+from ..study.storage import StorageError, StudyNameError, mask_secrets, mask_url, storage_failure
 from .args import build_parser
 from .common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, err, shorten
 from .common import shown as shown_text
@@ -45,7 +45,7 @@ def _run(argv: list[str], storage_url: str | None) -> int:
         args = parser.parse_args(argv)
         args.argv = list(argv)  # the command as typed (a search cut short names the command that finishes it)
         storage_url = getattr(args, "storage", None) or storage_url  # as argparse read it (--stor URL included)
-        from ..progress import setup_logging
+        from ..study.progress import setup_logging
 
         setup_logging(quiet=args.quiet, verbose=args.verbose)
         if storage_url:

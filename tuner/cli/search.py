@@ -12,7 +12,7 @@ from typing import Any
 from ..backends import get_backend
 from ..budget import format_bytes
 from ..policy.knobs import KNOB_TABLE
-from ..storage import mask_secrets, storage_failure
+from ..study.storage import mask_secrets, storage_failure
 from .common import EXIT_FAILURE, EXIT_OK, PROG, err
 from .search_settings import build_search_settings
 
@@ -23,7 +23,7 @@ log = logging.getLogger("tuner.cli")
 
 def cmd_search(args: argparse.Namespace) -> int:
     from ..outputs import format_recommendation
-    from ..progress import Progress
+    from ..study.progress import Progress
     from ..errors import SearchError
     from ..search import run_search
 
@@ -144,7 +144,7 @@ def _grow(args: argparse.Namespace, settings: Any) -> int:
     """``search --batch N --grow OPTION``: the largest option value that fits, with and without LMS."""
     from ..errors import SearchError
     from ..grow import format_grow, run_grow
-    from ..progress import Progress
+    from ..study.progress import Progress
 
     try:
         outcome = run_grow(settings, progress=Progress(disabled=True if args.quiet else None))

@@ -1,4 +1,4 @@
-"""``search``'s input: the command line validated into `tuner.settings.SearchSettings`, nothing written."""
+"""``search``'s input: the command line validated into `tuner.study.settings.SearchSettings`, nothing written."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from ..backends import get_backend
 from ..errors import BadInput
-from ..storage import StorageError, check_reachable, resolve_storage, validate_study_name
+from ..study.storage import StorageError, check_reachable, resolve_storage, validate_study_name
 from .common import check_output_folder
 
 __all__ = ["build_search_settings", "DESCRIBE_TIMEOUT_S"]
@@ -48,7 +48,7 @@ def build_search_settings(args: argparse.Namespace) -> Any:
     from tuner.models import parse_options
 
     from ..environment import default_backend, gpus
-    from ..settings import SearchSettings
+    from ..study.settings import SearchSettings
 
     notes: list[str] = []
     if args.grow is not None and args.batch is None:
@@ -128,15 +128,15 @@ def build_search_settings(args: argparse.Namespace) -> Any:
 
 
 def _claim_problem(settings: Any) -> str:
-    """Why the search may not use its study (`tuner.study.claim_problem`), checked early; creates nothing.
+    """Why the search may not use its study (`tuner.study.study.claim_problem`), checked early; creates nothing.
 
     `tuner.search.run_search` checks again under the storage's lock, where it writes the settings record.
     """
     if not settings.storage.exists():
         return ""
-    from ..settings import study_settings_conflict
-    from ..storage import open_storage
-    from ..study import claim_problem
+    from ..study.settings import study_settings_conflict
+    from ..study.storage import open_storage
+    from ..study.study import claim_problem
 
     try:  # read-only: a storage that is bad input leaves nothing behind (not even a lock file)
         opened = open_storage(settings.storage, read_only=True)

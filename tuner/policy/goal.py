@@ -3,7 +3,7 @@
     MaxBatch            objectives (largest batch that fits, throughput at it)
     FixedBatch(N)       objectives (N if the config fits at N else 0, throughput at N)
 
-Both keep the study's two objectives (`tuner.study.OBJECTIVES`), so the loop,
+Both keep the study's two objectives (`tuner.study.study.OBJECTIVES`), so the loop,
 the records, the Pareto front and the report serve both: at a fixed batch every
 feasible config has batch N, the front is the fastest config, and a config that
 does not fit at N is infeasible with the bytes it needs there (its constraint is

@@ -135,7 +135,7 @@ class SearchSpace:
 
         (On TFLMS's defaults when no knob declares one; the levels those starts have already are left out.)
 
-        A simulated screen starts from these too (`tuner.study.queue_warm_start`'s ``ladder``, up to half
+        A simulated screen starts from these too (`tuner.study.study.queue_warm_start`'s ``ladder``, up to half
         its trials): how many tensors are swapped moves the largest batch most, and not monotonically once
         TF's allocator is replayed (PREDICTED, ResNet-50 64x64, ``schedule="memory"``, 547 MiB usable:
         ``n_tensors`` 34 -> batch 50, 136 -> 172, 170 -> 189, 204 -> 154, every candidate -> 152), so a

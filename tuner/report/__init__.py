@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from lms.config import atomic_write_bytes, atomic_write_text
 
-from ..study import SCREEN_SUFFIX, screens_for  # the simulated screening before measured runs
+from ..study.study import SCREEN_SUFFIX, screens_for  # the simulated screening before measured runs
 from .data import Recommendation, ReportData, report_data
 
 __all__ = ["build_report", "report_folder_name", "study_peers", "ReportData", "Recommendation"]
@@ -140,7 +140,7 @@ def _load_study(study_name: str, *, storage: str | None, studies_dir: Path) -> t
     """(the study, the opened storage it lives in)."""
     import optuna
 
-    from tuner.storage import open_storage, resolve_storage
+    from tuner.study.storage import open_storage, resolve_storage
 
     spec = resolve_storage(storage, report_folder_name(study_name) if storage is None else study_name,
                            studies_dir=studies_dir)

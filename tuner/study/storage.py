@@ -11,7 +11,7 @@ Default: one embedded SQLite file per study, ``studies/<study>/study.db``.
   (``pip install 'tflms-tuner[postgres]'``).
 
 A password in a URL (or a secret in its query) is never printed, logged or written:
-`tuner.masking.mask_url` replaces it with ``***`` and every message built here goes through it.
+`tuner.study.masking.mask_url` replaces it with ``***`` and every message built here goes through it.
 """
 
 from __future__ import annotations

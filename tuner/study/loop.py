@@ -18,12 +18,12 @@ import time
 import warnings
 from typing import Any, Callable, Mapping
 
-from .budget import format_bytes
-from .errors import SearchError
+from ..budget import format_bytes
+from ..errors import SearchError
 from .progress import Progress
-from .policy.records import TrialRecord, corrections_warning, counted
+from ..policy.records import TrialRecord, corrections_warning, counted
 from .recovery import owner, recover_stale_trials, start_heartbeat
-from .policy.space import DistinctCounter, SearchSpace
+from ..policy.space import DistinctCounter, SearchSpace
 
 __all__ = ["optimize", "Interrupted"]
 
@@ -84,7 +84,7 @@ def optimize(study: Any, space: SearchSpace, evaluate: Callable[[Any, Any], Tria
     Several threads may run it on one study (one per GPU); `stop` ends them all
     (each re-queues the trial it was running). With ``own_progress=False`` the
     caller starts and closes `progress`. Several processes may share the study
-    too: `ask_lock` (e.g. `tuner.storage.storage_lock`) makes their ``ask`` one
+    too: `ask_lock` (e.g. `tuner.study.storage.storage_lock`) makes their ``ask`` one
     at a time, so two never pop the same queued trial. Why the loop ended is
     written to ``stopped["reason"]``: ``trials`` (done), ``others`` (the last
     trials are running in other workers or processes), ``time limit``,
@@ -236,7 +236,7 @@ def _slots(trials: list[Any]) -> tuple[int, int]:
 
     Running: other threads / processes; a trial with no owner yet was only just
     asked for, or its process died between ask() and claiming it: it must not
-    hold a slot (see `tuner.recovery.ORPHAN_AFTER_S`).
+    hold a slot (see `tuner.study.recovery.ORPHAN_AFTER_S`).
     """
     from optuna.trial import TrialState
 

@@ -137,7 +137,7 @@ class Progress:
         self._draw()
 
     def start(self, *, total: int, initial: int, desc: str) -> None:
-        """`tuner.loop.optimize`'s hook: a loop over `total` trials (`desc`: screen or measured trials)."""
+        """`tuner.study.loop.optimize`'s hook: a loop over `total` trials (`desc`: screen or measured trials)."""
         self.phase("screening" if "screen" in desc else "measuring", total=total, initial=initial)
 
     def advance(self, n: int = 1, *, postfix: str = "") -> None:

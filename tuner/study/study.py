@@ -2,7 +2,7 @@
 
 Every study the tuner makes carries its settings record, the user attribute
 ``"tuner"`` (`TUNER_ATTR`): the tuner's marker. It is written in one write,
-under the storage's lock (`tuner.storage.storage_lock`), right after the study
+under the storage's lock (`tuner.study.storage.storage_lock`), right after the study
 is created and before any work (tracing, trials), so a second search started
 at the same moment with other settings is refused, never merged in
 (`claim_study`). A study without the marker (a plain Optuna study, another
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from .errors import BadInput
+from ..errors import BadInput
 
 __all__ = ["OBJECTIVES", "DIRECTIONS", "SCREEN_SUFFIX", "TUNER_ATTR", "make_sampler", "create_study",
            "queue_warm_start", "tuner_record", "claim_problem", "claim_study", "claim_screen_study", "setup_finished",
@@ -62,7 +62,7 @@ def queue_warm_start(study: Any, space: Any, *, ladder: int = 0) -> None:
 
     With `ladder` (a simulated screen, where a trial costs a simulation) also
     up to that many of `SearchSpace.ladder_params`: the ``n_tensors`` levels of the warm starts.
-    Called on every start (under `tuner.storage.storage_lock`), so a search
+    Called on every start (under `tuner.study.storage.storage_lock`), so a search
     stopped between creating the study and queueing them still gets them.
     """
     for params in space.warm_start_params():
@@ -175,7 +175,7 @@ def claim_problem(storage: Any, name: str, *, conflict: Callable[[Mapping[str, A
 
 def claim_study(name: str, storage: Any, sampler: Any, *, record: Mapping[str, Any],
                 conflict: Callable[[Mapping[str, Any]], str], screened: bool, display: str) -> Any:
-    """Create or load the main study `name` with its settings record; call under `tuner.storage.storage_lock`.
+    """Create or load the main study `name` with its settings record; call under `tuner.study.storage.storage_lock`.
 
     A new study (or one whose setup was abandoned, `_abandoned`) gets `record`, marked as being set
     up by this process, in one write; an existing one is checked against it (`conflict`).

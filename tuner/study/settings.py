@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .budget import format_bytes
-from .policy.goal import Goal, goal_of
+from ..budget import format_bytes
+from ..policy.goal import Goal, goal_of
 from .storage import StorageSpec
 
 __all__ = ["SearchSettings", "study_settings_conflict"]
@@ -135,6 +135,6 @@ def study_settings_conflict(stored: Mapping[str, Any] | None, settings: SearchSe
         return (f"study {settings.study!r} was created with budget {format_bytes(stored['budget_bytes'])} "
                 f"({stored.get('budget_source') or 'stored'}), not the no-LMS peak at batch {batch} "
                 "(--budget-from-batch); use another --study name")
-    from .host import host_budget_conflict
+    from ..host import host_budget_conflict
 
     return host_budget_conflict(stored, settings)
