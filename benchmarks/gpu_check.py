@@ -2,7 +2,7 @@
 
 Every figure it prints is MEASURED on the GPU it names; each check says what to
 fix when it fails. Each step runs in a fresh process under the environment a
-trial worker gets (`tuner.worker.worker_env`: the device's UUID in
+trial worker gets (`tuner.worker.run.worker_env`: the device's UUID in
 ``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, ``TF_XLA_FLAGS`` and
 ``TF_GPU_ALLOCATOR`` removed):
 
@@ -10,7 +10,7 @@ trial worker gets (`tuner.worker.worker_env`: the device's UUID in
    bus id from TF's "Created device" line), and the CUDA context's size;
 2. bandwidth: device->host and host->device copies of 256 MiB through pinned
    host memory, as swaps make them;
-3. a real trial worker (`tuner.worker.run_worker`, as ``--backend gpu`` runs one): ResNet-50 64x64
+3. a real trial worker (`tuner.worker.run.run_worker`, as ``--backend gpu`` runs one): ResNet-50 64x64
    at batch 32 with every tensor swapped, under a 2,048 MiB ``memory_limit``: TF's device must be
    that size and the measured peak within the worker's budget;
 4. ResNet-50 (224x224) at a fixed batch with LMS off and on (``n_tensors=-1,
@@ -257,7 +257,7 @@ class Check:
 def check_devices(child: Mapping[str, Any] | None, log: str, *, chosen: Mapping[str, Any],
                   smi: Mapping[str, str] | None) -> list[Check]:
     """TF's GPU under the worker's environment is the device NVML (and nvidia-smi) describe."""
-    from tuner.gpus import gpu_setup_lines
+    from tuner.worker.gpus import gpu_setup_lines
 
     if child is None or "error" in child:
         why = (child or {}).get("error", "the step did not finish")
@@ -270,19 +270,19 @@ def check_devices(child: Mapping[str, Any] | None, log: str, *, chosen: Mapping[
         return [Check("devices: TF sees one GPU", "FAIL", f"TF sees {len(names)} GPU(s) under CUDA_VISIBLE_DEVICES="
                       f"{chosen['uuid']}: {lines}",
                       "install the CUDA build (pip install -e '.[gpu]') and the libraries TF names above"
-                      if not names else "tuner/gpus.py gpu_worker_env: a worker must see exactly its device")]
+                      if not names else "tuner/worker/gpus.py gpu_worker_env: a worker must see exactly its device")]
     checks = []
     same = str(chosen["name"]).startswith(names[0]) or names[0].startswith(str(chosen["name"]))
     checks.append(Check("devices: TF's GPU:0 is the chosen device", "PASS" if same else "FAIL",
                         f"TF: {names[0]}; NVML: {chosen['name']} ({chosen['uuid']})",
-                        "" if same else "tuner/gpus.py choose_gpu/gpu_worker_env: budget and profile describe "
+                        "" if same else "tuner/worker/gpus.py choose_gpu/gpu_worker_env: budget and profile describe "
                                         "another GPU than TF uses"))
     created = parse_created_device(log)
     if created and chosen.get("pci_bus_id"):
         ok = same_pci_bus(created["pci_bus_id"], chosen["pci_bus_id"])
         checks.append(Check("devices: PCI bus id", "PASS" if ok else "FAIL",
                             f"TF: {created['pci_bus_id']}; NVML: {chosen['pci_bus_id']}",
-                            "" if ok else "tuner/gpus.py: the worker's CUDA_VISIBLE_DEVICES names another GPU",
+                            "" if ok else "tuner/worker/gpus.py: the worker's CUDA_VISIBLE_DEVICES names another GPU",
                             {"tf_device_memory_mib": created["memory_mib"]}))
     if smi is not None:
         listed = smi.get(str(chosen["uuid"]))
@@ -394,9 +394,9 @@ def check_lms(off: Mapping[str, Any] | None, on: Mapping[str, Any] | None) -> li
 def run_trial(env: Mapping[str, str], workdir: Path, *, timeout_s: float, backend: str = "gpu",
               trial: Mapping[str, Any] = TRIAL) -> dict[str, Any]:
     """One trial of the tuner's own worker (`tuner.trial`), as a search runs it: a fixed batch, a budget, and
-    on a GPU the budget enforced by the device's ``memory_limit`` (`tuner.protocol.MeasureRequest`)."""
-    from tuner.protocol import MeasureRequest
-    from tuner.worker import run_worker
+    on a GPU the budget enforced by the device's ``memory_limit`` (`tuner.worker.protocol.MeasureRequest`)."""
+    from tuner.worker.protocol import MeasureRequest
+    from tuner.worker.run import run_worker
 
     limit = int(trial["memory_limit_mib"]) * MiB
     usable = int(limit * 0.95)
@@ -420,7 +420,7 @@ def check_trial(t: Mapping[str, Any] | None) -> list[Check]:
     if not t or t.get("status") != "ok":
         why = (t or {}).get("reason") or (t or {}).get("error") or "no result"
         return [Check("trial worker", "FAIL", f"the worker ended {(t or {}).get('status', 'without a status')}: "
-                      f"{why}", "tuner/trial.py, tuner/worker.py (its log is in the step logs)")]
+                      f"{why}", "tuner/trial.py, tuner/worker/run.py (its log is in the step logs)")]
     limit_mib = t["memory_limit_bytes"] // MiB
     seen = t.get("tf_device_memory_mib")
     limited = t.get("backend") != "gpu" or seen == limit_mib
@@ -431,7 +431,7 @@ def check_trial(t: Mapping[str, Any] | None) -> list[Check]:
                   f"batch {t.get('batch')}: peak {_gib(t.get('peak_device_bytes'))} ({t.get('peak_source') or '?'}) "
                   f"against a budget of {_gib(t['usable_bytes'])}; TF's device {seen if seen is not None else '?'} MiB "
                   f"under memory_limit {limit_mib} MiB; {t.get('n_swapped')} tensors swapped",
-                  "" if ok else ("tuner/gpus.py gpu_worker_env, tuner/trial.py: the memory_limit did not take"
+                  "" if ok else ("tuner/worker/gpus.py gpu_worker_env, tuner/trial.py: the memory_limit did not take"
                                  if not limited else "tuner/trial.py: the step is over its budget or swapped nothing"))]
 
 
@@ -661,8 +661,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from lms.machine.nvml import gpu_inventory
     from tuner.backends.gpu import default_profile
     from tuner.environment import tensorflow_distribution
-    from tuner.gpus import GpuChoiceError, choose_gpu
-    from tuner.worker import worker_env
+    from tuner.worker.gpus import GpuChoiceError, choose_gpu
+    from tuner.worker.run import worker_env
 
     tf_dist = tensorflow_distribution()
     print(f"TensorFlow: {tf_dist[0] + ' ' + tf_dist[1] if tf_dist else 'not installed'}")

@@ -626,8 +626,8 @@ def _source_digest(workload: str) -> str:
 
 def load_graph(spec: RowSpec, *, cache: Path = CACHE) -> tuple[Graph, dict[str, Any], float]:
     """The traced graph of `spec` (traced once by a `tuner.trial` worker, then cached); (graph, workload, trace_s)."""
-    from tuner.protocol import TraceRequest
-    from tuner.worker import run_worker, worker_env
+    from tuner.worker.protocol import TraceRequest
+    from tuner.worker.run import run_worker, worker_env
 
     key = {"model": spec.workload, "model_options": dict(spec.options), "source": _source_digest(spec.workload)}
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]

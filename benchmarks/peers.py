@@ -391,7 +391,7 @@ def predicted_table(pred: Mapping[str, Any]) -> list[str]:
 # ---- child processes ----------------------------------------------------------------------------------------------
 
 def _child_env() -> dict[str, str]:
-    from tuner.worker import worker_env
+    from tuner.worker.run import worker_env
 
     return worker_env()  # BFC allocator, oneDNN on, TF's logs hidden: as the tuner's workers
 
@@ -459,7 +459,7 @@ def plain_graph(model: ModelSpec) -> Any:
 
 def largest_batch(model: ModelSpec, method: Method, ctx: Mapping[str, Any], run: Run) -> dict[str, Any]:
     """Method `method`'s largest batch on `model`: its start (probe or simulator), then the bracket."""
-    from tuner.confirm import EXTRA_PROCESSES, UNPINNED_EXTRA_PROCESSES
+    from tuner.backends.confirm import EXTRA_PROCESSES, UNPINNED_EXTRA_PROCESSES
 
     start, slope, probe = None, None, None
     if method.lms:

@@ -192,8 +192,8 @@ def pinning_cost() -> dict[str, Any]:
 def max_batches(runs: int) -> dict[str, Any]:
     from lms.graph import Graph
     from tuner.graphs import derive_emulated_budget
-    from tuner.protocol import TraceRequest
-    from tuner.worker import run_worker, worker_env
+    from tuner.worker.protocol import TraceRequest
+    from tuner.worker.run import run_worker, worker_env
 
     name, options = BATCH_MODEL
     WORKDIR.mkdir(parents=True, exist_ok=True)
@@ -231,8 +231,8 @@ def max_batches(runs: int) -> dict[str, Any]:
 def _max_batch_run(graph: Any, name: str, options: dict[str, Any], budget: int) -> dict[str, Any]:
     from lms import plan_swaps
     from lms.simulator import max_batch
-    from tuner.protocol import MeasureRequest
-    from tuner.worker import run_worker, worker_env
+    from tuner.worker.protocol import MeasureRequest
+    from tuner.worker.run import run_worker, worker_env
 
     rows = {}
     for key, config in BATCH_CONFIGS.items():

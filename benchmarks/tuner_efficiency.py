@@ -71,8 +71,8 @@ def hypervolume(points: list[tuple[float, float]], ref: tuple[float, float] = (0
 
 def load_graph(model: str, options: dict[str, Any]) -> Any:
     from lms.graph import Graph
-    from tuner.protocol import TraceRequest
-    from tuner.worker import run_worker, worker_env
+    from tuner.worker.protocol import TraceRequest
+    from tuner.worker.run import run_worker, worker_env
 
     key = {"model": model, "model_options": options}
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
@@ -110,7 +110,7 @@ def _model_fingerprint() -> str:
     """Digest of the planner and simulator sources: a changed model invalidates the cached grid."""
     h = hashlib.sha1()
     for path in sorted([*(ROOT / "lms" / "sim").glob("*.py"), ROOT / "lms" / "devices.py", ROOT / "lms" / "planner.py",
-                        ROOT / "lms" / "plan.py", ROOT / "lms" / "graph.py", ROOT / "tuner" / "batch.py"]):
+                        ROOT / "lms" / "plan.py", ROOT / "lms" / "graph.py", ROOT / "tuner" / "policy" / "batch.py"]):
         h.update(path.read_bytes())
     return h.hexdigest()[:12]
 

@@ -16,7 +16,7 @@ def run_fit(workload, argv: list[str]) -> int:
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # TF's allocator statistic on a CPU
     import lms
     from lms.tf.fit_peaks import StepPeaks
-    from tuner.programs import fit_dataset
+    from tuner.worker.programs import fit_dataset
 
     if not argv:
         print("usage: CONFIG [BATCH] [STEPS]  (CONFIG: recommended.json, a config file, auto or off)")

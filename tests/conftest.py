@@ -8,7 +8,7 @@ oneDNN is switched on explicitly (``TF_ENABLE_ONEDNN_OPTS=1``): TensorFlow turns
 default only on CPUs with AVX-512 VNNI/BF16 or AMX, so on an AVX2-only CPU the suite would
 otherwise run Eigen's kernels, whose ``Conv2DBackpropFilter`` takes a 32 MiB buffer at any
 batch (a small CNN peaks at 67 MiB at batch 4 instead of 4 MiB) and whose convolutions are
-about 3x slower here. The emulated backend's workers do the same (`tuner.worker.worker_env`).
+about 3x slower here. The emulated backend's workers do the same (`tuner.worker.run.worker_env`).
 Set ``TF_ENABLE_ONEDNN_OPTS=0`` to run the suite on Eigen's kernels (it passed so, except the
 test that peaks grow with the batch).
 

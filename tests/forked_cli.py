@@ -22,7 +22,7 @@ is never imported by the server: the CLI process does not import it either.
 `run_python` does the same for the suite's TensorFlow subprocesses (``python -m tests.tf.auto_worker``,
 ``python tests/tf/test_emulated_memory.py``), from a server that imported TensorFlow and Keras and
 started none of TensorFlow's runtime (no device, allocator or thread pool: TensorFlow makes them on
-first use, in the fork), as the tuner's own workers are (`tuner.zygote`, whose test compares the
+first use, in the fork), as the tuner's own workers are (`tuner.worker.zygote`, whose test compares the
 allocator's peaks to the byte). TensorFlow reads some variables when it is imported, so such a server
 is shared only by commands with the same whole environment (pytest's per-test variable aside). Tests
 whose subject is what differs between fresh processes (`tests/tf/test_exact.py`'s same-peak-in-every-process)
@@ -93,7 +93,7 @@ class _Server:
         return self.ready and self.proc.poll() is None
 
     def close(self) -> None:
-        from tuner.zygote import end_server
+        from tuner.worker.zygote import end_server
 
         end_server(self.sock, self.proc)
 
@@ -216,7 +216,7 @@ def _forked(server: _Server, cmd: list[str], argv: Sequence[str], *, cwd: Path |
 def _serve(sock: socket.socket, preload: Sequence[str]) -> None:
     import importlib
 
-    from tuner.worker import die_with_parent
+    from tuner.worker.run import die_with_parent
 
     die_with_parent()  # the server dies with its pytest worker (a running command goes on, as a subprocess would)
     for name in preload:

@@ -16,8 +16,9 @@ CORE = ["lms", "lms.config", "lms.jsonfile", "lms.graph", "lms.optypes", "lms.si
         "lms.schedule.candidate_orders", "lms.schedule.exact_order",
         "lms.sim", "lms.sim.compiled", "lms.sim.order", "lms.sim.result", "lms.sim.costs", "lms.sim.interpreter",
         "lms.sim.search", "lms.sim.bfc", "lms.sim.bound", "lms.sim.layout", "lms.auto", "lms.sizes"]
-TUNER = ["tuner", "tuner.cli", "tuner.search", "tuner.study.settings", "tuner.policy.knobs", "tuner.policy.space", "tuner.study.loop",
-         "tuner.policy.records", "tuner.study.recovery", "tuner.policy.pareto", "tuner.graphs", "tuner.worker", "tuner.protocol",
+TUNER = ["tuner", "tuner.cli", "tuner.search", "tuner.study.settings", "tuner.policy.knobs", "tuner.policy.space",
+         "tuner.study.loop", "tuner.policy.records", "tuner.study.recovery", "tuner.policy.pareto", "tuner.graphs",
+         "tuner.worker.run", "tuner.worker.protocol",
          "tuner.backends", "tuner.outputs", "tuner.policy.selection", "tuner.study.study",
          "tuner.report", "tuner.report.schedule", "tuner.report.recompute"]  # parent-process modules, when they exist
 

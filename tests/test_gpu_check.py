@@ -192,7 +192,7 @@ def test_device_checks_name_the_fix() -> None:
     checks = gc.check_devices({"tf_gpu_names": ["NVIDIA H100 80GB HBM3"], "context_bytes": 900 << 20}, CREATED,
                               chosen=other, smi={})
     assert [c.status for c in checks] == ["FAIL", "FAIL", "FAIL", "WARN"]
-    assert "tuner/gpus.py" in checks[0].fix and "CUDA_CONTEXT_BYTES" in checks[3].fix
+    assert "tuner/worker/gpus.py" in checks[0].fix and "CUDA_CONTEXT_BYTES" in checks[3].fix
     [none] = gc.check_devices({"tf_gpu_names": []}, "W gpu_device.cc:2344] Cannot dlopen some GPU libraries. x",
                               chosen=H100, smi=None)
     assert none.status == "FAIL" and "Cannot dlopen some GPU libraries" in none.detail and ".[gpu]" in none.fix
@@ -348,7 +348,7 @@ def test_swap_in_copies_are_found_in_a_real_trace_between_two_devices(tmp_path: 
 
 def test_a_real_trial_worker_runs_under_its_budget_and_is_checked(tmp_path: Path) -> None:
     """The trial phase runs the tuner's own worker (here on the emulated backend: no GPU) and the check reads it."""
-    from tuner.worker import worker_env
+    from tuner.worker.run import worker_env
 
     trial = {"workload": "cnn_bn", "options": {}, "batch": 4, "memory_limit_mib": 256,
              "config": {"n_tensors": -1, "lb": 1}}

@@ -4,7 +4,7 @@
 
 The parent process (this package, `tuner.cli`, `tuner.search`) imports no
 TensorFlow: tracing and measuring run in worker subprocesses (`tuner.trial`, started by
-`tuner.worker`; on the CPU forked from a process that imported TensorFlow once, `tuner.zygote`),
+`tuner.worker.run`; on the CPU forked from a process that imported TensorFlow once, `tuner.worker.zygote`),
 simulation in-process (`lms.simulator`).
 """
 

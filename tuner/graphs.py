@@ -17,9 +17,9 @@ from typing import Any, Callable, Mapping
 
 from .backends import get_backend
 from .errors import BadInput, SearchError
-from .protocol import DescribeRequest, MeasureRequest, TraceRequest
+from .worker.protocol import DescribeRequest, MeasureRequest, TraceRequest
 from .study.settings import SearchSettings
-from .worker import run_worker, worker_env
+from .worker.run import run_worker, worker_env
 
 __all__ = ["load_graph", "load_profile", "derive_budget", "derive_emulated_budget", "plain_peak_at",
            "describe_user_workload"]

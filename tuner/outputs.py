@@ -30,7 +30,7 @@ from . import RECOMMENDATION_SCHEMA
 from . import RECOMMENDATION_VERSION as SCHEMA_VERSION
 from .backends import Backend, get_backend
 from .budget import format_bytes
-from .programs import conditions
+from .worker.programs import conditions
 from .policy.bracket import CONFIRMATIONS_ATTR, confirmed_figures, start_origin
 from .policy.knobs import KNOB_TABLE, KnobTable, swap_note
 from .policy.records import corrections_warning
@@ -79,7 +79,7 @@ def _figures(t: Any) -> dict[str, Any]:
             "peak_device_bytes": a.get("peak_device_bytes")}
 
 
-#: What recommended.json's ``confirmation`` holds of `tuner.confirm.confirmed_figures` (plus ``runs`` and
+#: What recommended.json's ``confirmation`` holds of `tuner.backends.confirm.confirmed_figures` (plus ``runs`` and
 #: ``rule`` for the recommendation itself).
 _CONFIRMATION_KEYS = ("batch_size", "closed", "processes", "fits", "process", "trial_batch", "start", "start_from",
                       "smallest_failing", "tried", "unconfirmed")
@@ -92,7 +92,7 @@ def build_recommendation(*, study: str, chosen: Any, front: Sequence[Any], trial
                          confirmations: Mapping[str, Any] | None = None, cut_short: str = "") -> dict[str, Any]:
     """The recommended.json document for `chosen` (a FrozenTrial with a trial record).
 
-    Where `chosen` or the baseline was measured in fresh processes (`confirmations`, `tuner.confirm`),
+    Where `chosen` or the baseline was measured in fresh processes (`confirmations`, `tuner.backends.confirm`),
     their figures are the largest batch that fitted there, and ``confirmation`` lists the processes. A
     measured largest-batch search says whether the recommendation is confirmed (``confirmed``) and, when
     not, why (``unconfirmed``): `cut_short` (the time limit or an interruption came first: the finished
@@ -362,7 +362,7 @@ def format_recommendation(doc: Mapping[str, Any]) -> str:
 def trials_rows(study: Any, *, label: str, table: KnobTable = KNOB_TABLE) -> list[dict[str, Any]]:
     """One dict per trial: the trial-record columns, the knobs (`table`'s columns), timing and provenance.
 
-    A trial measured in fresh processes (`tuner.confirm`) shows the figures the recommendation uses
+    A trial measured in fresh processes (`tuner.backends.confirm`) shows the figures the recommendation uses
     (`confirmed_figures`: the bracket's batch, its fastest process's throughput, the highest peak), as
     recommended.json, ``tuner best`` and the report do; ``trial_batch_size`` / ``trial_throughput`` keep
     the trial's own record and ``fresh_processes`` counts the processes.

@@ -11,12 +11,12 @@ never a silent failure. Sampler: multivariate TPE (`tuner.study.study.make_sampl
 and ``gpu`` screen by simulation and measure in worker subprocesses. Where the
 rest lives::
 
-    settings.py  SearchSettings          space.py     SearchSpace (from knobs.py)
-    study.py     samplers, warm start     loop.py      the ask/tell loop (optimize)
-    records.py   trial records            recovery.py  stale trials (Optuna's private APIs)
-    pareto.py    dominance, screen picks  graphs.py    the traced graph, the derived budget
-    worker.py    the worker's parent side protocol.py  the worker's messages
-    selection.py the recommendation rule  outputs.py   recommended.json, trials.csv
+    study/settings.py    SearchSettings           policy/space.py     SearchSpace (from knobs.py)
+    study/study.py       samplers, warm start     study/loop.py       the ask/tell loop (optimize)
+    policy/records.py    trial records            study/recovery.py   stale trials (Optuna's private APIs)
+    policy/pareto.py     dominance, screen picks  graphs.py           the traced graph, the derived budget
+    worker/run.py        the worker's parent side worker/protocol.py  the worker's messages
+    policy/selection.py  the recommendation rule  outputs.py          recommended.json, trials.csv
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any, Mapping
 from lms.config import LMSConfig
 
 from .backends import SearchRun, get_backend
-from .confirm import fresh_process_trials
+from .backends.confirm import fresh_process_trials
 from .policy.batch import Prediction, predict_max_batch, usable_bytes
 from .budget import format_bytes
 from .environment import host_memory_bytes, tensorflow_distribution

@@ -1,7 +1,7 @@
 """Trial worker: ``python -m tuner.trial request.json`` runs TensorFlow in its own process, one job each.
 
-The parent's side (start, follow, stop, read the result) is `tuner.worker`;
-the messages are `tuner.protocol`. Jobs:
+The parent's side (start, follow, stop, read the result) is `tuner.worker.run`;
+the messages are `tuner.worker.protocol`. Jobs:
 
 - `DescribeRequest`: load the workload and report its description (validates a
   user's ``module:function`` without importing their code, or TF, in the parent);
@@ -26,12 +26,12 @@ from lms.config import atomic_write_text
 
 from .budget import format_bytes
 from .errors import BadInput
-from .faults import act_out, injected_fault
-from .oom import describe_oom
-from .protocol import (DescribeRequest, DescribeResult, Envelope, MeasureRequest, MeasureResult, ProtocolError,
+from .worker.faults import act_out, injected_fault
+from .worker.oom import describe_oom
+from .worker.protocol import (DescribeRequest, DescribeResult, Envelope, MeasureRequest, MeasureResult, ProtocolError,
                        TraceRequest, TraceResult)
 from .policy.records import corrections_summary
-from .worker import PARENT_PID_ENV, PARENT_PIPE_ENV, die_with_parent
+from .worker.run import PARENT_PID_ENV, PARENT_PIPE_ENV, die_with_parent
 
 __all__ = ["main", "exit_now", "import_tensorflow", "HELD_BACK", "lms_summary_record"]
 
@@ -109,8 +109,8 @@ def _trace(request: TraceRequest, events: _Events) -> TraceResult:
         model = workload.build_model()
         traced = trace_train_step(model, workload.loss_fn, workload.make_optimizer(), workload.x_spec(),
                                   workload.y_spec(), batch_size=workload.default_batch, name=workload.name)
-    else:  # the user's fit or step (`tuner.programs`)
-        from tuner.programs import trace_program
+    else:  # the user's fit or step (`tuner.worker.programs`)
+        from tuner.worker.programs import trace_program
 
         graph, concrete, make_args = trace_program(workload, workload.default_batch)
         traced = (graph, concrete)
@@ -199,13 +199,13 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
     timings: dict[int, Any] = {}
     run: Any
     if workload.form == "fit":
-        from tuner.programs import fit_runner
+        from tuner.worker.programs import fit_runner
 
         run = fit_runner(workload, config, emulate=backend.emulate, bandwidth=request.bandwidth, device=device,
                          seed=seed)
         fn = run.lms_state
     elif workload.form == "train_step":
-        from tuner.programs import step_runner
+        from tuner.worker.programs import step_runner
 
         fn, run = step_runner(workload, config, emulate=backend.emulate, bandwidth=request.bandwidth,
                               device=device, seed=seed)
@@ -257,7 +257,7 @@ def _measure(request: MeasureRequest, events: _Events) -> MeasureResult:
     # The timed run is longer than a probe and its peak can come out higher (TF's allocator peak moves from
     # step to step): it must fit too, else a smaller batch is timed (`smaller_timed_batch`), at most twice
     # here: past that the process's history is to blame, and the parent times the trial in a fresh process
-    # (`tuner.confirm.retime_in_fresh_processes`; one search's four in-process timed runs all missed).
+    # (`tuner.backends.confirm.retime_in_fresh_processes`; one search's four in-process timed runs all missed).
     batch, final = search.batch, None
     for _attempt in range(TIMED_ATTEMPTS):
         events.emit("phase", phase="timing", batch=batch)
@@ -361,7 +361,7 @@ def _summary(exc: BaseException) -> str:
 
 
 def _oom(exc: BaseException) -> str:
-    """What ran out (`tuner.oom`): the GPU's memory, or the pinned host memory swapped tensors live in."""
+    """What ran out (`tuner.worker.oom`): the GPU's memory, or the pinned host memory swapped tensors live in."""
     return describe_oom(str(exc), host_limit_mb=os.environ.get(HOST_LIMIT_ENV))
 
 

@@ -1,6 +1,6 @@
-"""The zygote process of `tuner.zygote`: import TensorFlow once, then fork a worker per request.
+"""The zygote process of `tuner.worker.zygote`: import TensorFlow once, then fork a worker per request.
 
-``python -m tuner.zygote_server FD``, started by `tuner.zygote` with one end of a
+``python -m tuner.zygote_server FD``, started by `tuner.worker.zygote` with one end of a
 socket pair. Each request (JSON, with the worker's log pipe and watch pipe as
 file descriptors) is answered with the fork's process id; each fork's end with its
 exit code (as `subprocess` gives it: negative for a signal), after its process
@@ -17,7 +17,7 @@ import signal
 import socket
 import sys
 
-from tuner.zygote import MAX_MESSAGE
+from tuner.worker.zygote import MAX_MESSAGE
 
 __all__ = ["main"]
 
@@ -26,7 +26,7 @@ _POLL_S = 0.02
 
 def _serve(sock: socket.socket) -> None:
     from tuner.trial import import_tensorflow
-    from tuner.worker import PARENT_PID_ENV, PARENT_PIPE_ENV, die_with_parent
+    from tuner.worker.run import PARENT_PID_ENV, PARENT_PIPE_ENV, die_with_parent
 
     die_with_parent()  # the zygote dies with the search process; its workers then get the same signal
     import_tensorflow()

@@ -34,8 +34,8 @@ def run_cli(args: list[str], *, cwd: Path, timeout: float = 300, env: dict | Non
 @pytest.fixture(scope="session")
 def tiny_graph_doc(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The trace worker's graph.json for the tiny residual CNN (TensorFlow runs once, in a worker)."""
-    from tuner.protocol import TraceRequest
-    from tuner.worker import run_worker, worker_env
+    from tuner.worker.protocol import TraceRequest
+    from tuner.worker.run import run_worker, worker_env
 
     tmp = tmp_path_factory.mktemp("trace")
     out = tmp / "graph.json"

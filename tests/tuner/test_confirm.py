@@ -1,4 +1,5 @@
-"""The recommendation measured again in fresh processes, one batch per process (`tuner.confirm`, ``--confirm N``).
+"""The recommendation measured again in fresh processes, one batch per process (`tuner.backends.confirm`,
+``--confirm N``).
 
 A batch's peak depends on the batches run before it in a process, so the search
 re-measures the config it recommends and the no-LMS baseline with one batch per
@@ -18,8 +19,8 @@ import optuna
 import pytest
 
 from tuner.policy.bracket import start_from_peaks
-from tuner.confirm import CONFIRMATIONS_ATTR, METHOD, confirmed_figures, next_batch
-from tuner.faults import injected_fault
+from tuner.backends.confirm import CONFIRMATIONS_ATTR, METHOD, confirmed_figures, next_batch
+from tuner.worker.faults import injected_fault
 
 from .conftest import TINY_MODEL, run_cli
 
@@ -240,8 +241,8 @@ def test_a_trial_no_fresh_process_fits_stays_infeasible_and_says_where_it_was_tr
     from lms.config import LMSConfig
     from tuner.backends.measured import measured_record
     from tuner.policy.batch import Prediction
-    from tuner.protocol import MeasureResult
-    from tuner.worker import WorkerOutcome
+    from tuner.worker.protocol import MeasureResult
+    from tuner.worker.run import WorkerOutcome
 
     res = MeasureResult(status="infeasible", reason="the batches found by the search did not fit on their timed runs",
                         search={"batch": 40})
@@ -398,7 +399,7 @@ def test_a_bracket_in_tensorflows_own_order_gets_the_processes_its_noisy_verdict
     so the search ended unconfirmed. A config in TF's order gets `UNPINNED_EXTRA_PROCESSES` more; a pinned one
     (its verdicts repeat to the byte) does not."""
     from lms.config import LMSConfig
-    from tuner.confirm import EXTRA_PROCESSES, UNPINNED_EXTRA_PROCESSES, max_processes
+    from tuner.backends.confirm import EXTRA_PROCESSES, UNPINNED_EXTRA_PROCESSES, max_processes
 
     seen = [(34, "infeasible", 583622400), (32, "infeasible", 581240832), (25, "ok", 551561728),
             (30, "ok", 563120128), (31, "infeasible", 578013184), (30, "infeasible", 599545344),

@@ -1,7 +1,7 @@
 """Fault injection: trials killed, out of memory, timed out, raising; the search process killed; Ctrl-C.
 
 Faults are injected with the test-only hook ``LMS_TUNER_FAULT`` read by
-`tuner.trial` (see `tuner.faults.FAULT_ENV`): ``kind@N`` acts out `kind` in the
+`tuner.trial` (see `tuner.worker.faults.FAULT_ENV`): ``kind@N`` acts out `kind` in the
 worker of measured trial N, ``kind@*`` in every other one; ``ok`` returns a
 synthetic result without TensorFlow, so each study takes seconds. Every test
 reports its figures (trials attempted, faults by kind, recorded, lost,
@@ -9,7 +9,7 @@ duplicates) in the terminal summary and asserts lost == 0 and duplicates == 0.
 
 Most tests run trials that are one worker each (``--confirm 0``: the worker
 searches in-process), so a fault hits one worker of one trial; the default
-trial, a bracket of fresh processes (`tuner.confirm`), is tested with each
+trial, a bracket of fresh processes (`tuner.backends.confirm`), is tested with each
 fault kind in `test_each_fault_in_a_fresh_process_trial_is_recorded`.
 """
 
@@ -28,7 +28,7 @@ import optuna
 import pytest
 
 from lms import LMSConfig
-from tuner.faults import injected_fault
+from tuner.worker.faults import injected_fault
 from tuner.policy.knobs import canonical_key
 
 from tests import forked_cli

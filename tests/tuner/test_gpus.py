@@ -1,4 +1,4 @@
-"""Which GPU a worker runs on and its environment (`tuner.gpus`), as pure functions of fake NVML listings."""
+"""Which GPU a worker runs on and its environment (`tuner.worker.gpus`), as pure functions of fake NVML listings."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 from tuner.backends import get_backend
 from tuner.errors import BadInput
-from tuner.gpus import (NO_GPU_REASON, GpuChoiceError, choose_gpu, explain_no_gpu, gpu_setup_lines, gpu_worker_env,
-                        host_memory_limit_bytes, visible_gpus)
+from tuner.worker.gpus import (NO_GPU_REASON, GpuChoiceError, choose_gpu, explain_no_gpu, gpu_setup_lines,
+                               gpu_worker_env, host_memory_limit_bytes, visible_gpus)
 
 GiB = 1 << 30
 

@@ -1,4 +1,4 @@
-"""What ran out (`tuner.oom`): TensorFlow 2.21's own ResourceExhaustedError texts, GPU and pinned host memory."""
+"""What ran out (`tuner.worker.oom`): TensorFlow 2.21's own ResourceExhaustedError texts, GPU and pinned host memory."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tuner.oom import DEVICE_OOM, HOST_OOM, describe_oom, oom_memory
+from tuner.worker.oom import DEVICE_OOM, HOST_OOM, describe_oom, oom_memory
 
 # The formats of op_kernel.cc (OpKernelContext::allocate_tensor) and rendezvous_mgr.cc (SameWorkerRecvDone),
 # as TF 2 functions raise them: "Graph execution error:" first, the node after.

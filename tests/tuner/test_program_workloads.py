@@ -17,9 +17,9 @@ from lms.config import LMSConfig
 from lms.tuned import describe_conditions, tuned_elsewhere
 from tuner.backends import get_backend
 from tuner.models import Workload, load_workload
-from tuner.programs import conditions
-from tuner.protocol import MeasureRequest, TraceRequest
-from tuner.worker import run_worker, worker_env
+from tuner.worker.programs import conditions
+from tuner.worker.protocol import MeasureRequest, TraceRequest
+from tuner.worker.run import run_worker, worker_env
 
 
 def _batch(b: int, seed: int = 0) -> tuple:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.protocol import (PROTOCOL_VERSION, DescribeRequest, Envelope, MeasureRequest, MeasureResult, ProtocolError,
-                            TraceRequest)
+from tuner.worker.protocol import (PROTOCOL_VERSION, DescribeRequest, Envelope, MeasureRequest, MeasureResult,
+                                   ProtocolError, TraceRequest)
 
 from .conftest import ROOT
 

@@ -2,7 +2,7 @@
 
 Each test names its defect by number (see ``issues show 28``). They run the
 simulate backend on the tiny cached graph, or the emulated backend with the
-test-only fault hook (``LMS_TUNER_FAULT``, `tuner.faults`), so each takes
+test-only fault hook (``LMS_TUNER_FAULT``, `tuner.worker.faults`), so each takes
 seconds; the few that trace a model in a worker (TensorFlow) are marked.
 The fault-suite figures (trials attempted, recorded, lost, duplicates,
 orphans) of the externally killed worker and of the forking user model go
@@ -124,7 +124,7 @@ def _wait_for(path: Path, proc: subprocess.Popen | None = None, timeout: float =
 
 
 def _wait_for_handlers(proc: subprocess.Popen, timeout: float = 60) -> None:
-    """Wait until the CLI catches SIGHUP and SIGTERM (`tuner.exits.StopSignals`): its command has begun."""
+    """Wait until the CLI catches SIGHUP and SIGTERM (`tuner.cli.exits.StopSignals`): its command has begun."""
     wanted = (1 << (signal.SIGHUP - 1)) | (1 << (signal.SIGTERM - 1))
     deadline = time.monotonic() + timeout
     while True:

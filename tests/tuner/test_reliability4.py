@@ -96,7 +96,7 @@ def test_03_a_worker_request_holding_infinity_is_refused_when_written() -> None:
     recommended.json, grow.json, graph.json, which are written with the same allow_nan=False)."""
     import math
 
-    from tuner.protocol import Envelope, MeasureRequest
+    from tuner.worker.protocol import Envelope, MeasureRequest
 
     request = MeasureRequest(workload="mlp", config={}, backend="emulated", usable_bytes=1 << 30,
                              options={"learning_rate": math.inf})

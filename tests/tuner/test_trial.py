@@ -10,15 +10,15 @@ import pytest
 from lms import LMSConfig
 from tuner.policy.batch import Prediction
 from tuner.backends import get_backend
-from tuner.protocol import DescribeRequest, MeasureResult, TraceRequest
+from tuner.worker.protocol import DescribeRequest, MeasureResult, TraceRequest
 from tuner.backends.measured import measured_record
-from tuner.worker import WorkerOutcome, run_worker, worker_env
+from tuner.worker.run import WorkerOutcome, run_worker, worker_env
 
 MiB = 1 << 20
 
 
 def test_worker_env_per_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    # which GPU an index names is tuner.gpus' business (tests/tuner/test_gpus.py); here: the env it builds
+    # which GPU an index names is tuner.worker.gpus' business (tests/tuner/test_gpus.py); here: the env it builds
     gpu = get_backend("gpu").worker_env(gpu="GPU-1111")
     assert gpu["CUDA_VISIBLE_DEVICES"] == "GPU-1111" and gpu["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert "TF_FORCE_GPU_ALLOW_GROWTH" not in gpu  # the budget is a logical device's memory_limit

@@ -1,7 +1,7 @@
 """What a measured trial records of the LMS that ran (`tuner.trial.lms_summary_record`), with a real worker.
 
 A fixed-batch trial (``--batch N``, and every fresh process of a measured search's bracket,
-`tuner.confirm`) once recorded its summary before the step's first call had traced it: ``n_swapped=0``
+`tuner.backends.confirm`) once recorded its summary before the step's first call had traced it: ``n_swapped=0``
 in trials.csv for trials that swapped (issue 51). One worker on the emulated device, a few seconds.
 """
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.protocol import MeasureRequest
-from tuner.worker import run_worker, worker_env
+from tuner.worker.protocol import MeasureRequest
+from tuner.worker.run import run_worker, worker_env
 
 from .conftest import TINY_MODEL
 

@@ -1,4 +1,4 @@
-"""Workers forked from a zygote that imported TensorFlow once (`tuner.zygote`): the same measurements as a
+"""Workers forked from a zygote that imported TensorFlow once (`tuner.worker.zygote`): the same measurements as a
 process started from nothing, and the same guarantees (killed on timeout, gone with the search process)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner import zygote
-from tuner.protocol import MeasureRequest, TraceRequest
-from tuner.worker import PARENT_PID_ENV, PARENT_PIPE_ENV, run_worker, worker_env
+from tuner.worker.run import zygote
+from tuner.worker.protocol import MeasureRequest, TraceRequest
+from tuner.worker.run import PARENT_PID_ENV, PARENT_PIPE_ENV, run_worker, worker_env
 
 from .conftest import ROOT, TINY_MODEL
 
@@ -61,9 +61,9 @@ def test_a_forked_worker_is_killed_at_its_timeout_with_its_group(tmp_path: Path)
 _PARENT = """
 import sys, threading, time
 from pathlib import Path
-from tuner import zygote
-from tuner.protocol import TraceRequest
-from tuner.worker import PARENT_PID_ENV, PARENT_PIPE_ENV, run_worker, worker_env
+from tuner.worker.run import zygote
+from tuner.worker.protocol import TraceRequest
+from tuner.worker.run import PARENT_PID_ENV, PARENT_PIPE_ENV, run_worker, worker_env
 tmp = Path(sys.argv[1])
 threading.Thread(target=run_worker, args=(TraceRequest(workload="resnet50", output=str(tmp / "r.json")),),
                  kwargs={"workdir": tmp / "w", "timeout_s": 600, "env": worker_env()}, daemon=True).start()

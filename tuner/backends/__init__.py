@@ -6,6 +6,10 @@
 
 A backend is chosen once, by name (`get_backend`); everything else asks it.
 Adding one: a module with a `Backend` subclass and an entry in `_CLASSES`.
+
+    base.py        what every backend answers: its device and budget, its figures' labels, running a search
+    measured.py    what ``emulated`` and ``gpu`` share: screen by simulation, then measure in workers
+    confirm.py     measure configs in fresh processes, one batch each: a largest-batch search's trials, repeats
 """
 
 from __future__ import annotations

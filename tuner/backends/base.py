@@ -152,12 +152,12 @@ class Backend:
 
     # ---- running ------------------------------------------------------------------------------------
     def worker_env(self, *, gpu: str | None = None) -> dict[str, str]:
-        from ..worker import worker_env
+        from ..worker.run import worker_env
 
         return worker_env()
 
     def worker_limits(self, settings: "SearchSettings") -> dict[str, Any]:
-        """`tuner.protocol.MeasureRequest` fields that bound a worker's memory (none here; see `GpuBackend`)."""
+        """`tuner.worker.protocol.MeasureRequest` fields that bound a worker's memory (none here; see `GpuBackend`)."""
         return {}
 
     def search(self, run: SearchRun) -> tuple[int, int]:
@@ -170,7 +170,7 @@ class Backend:
         """Set TensorFlow up before the model is built; a reason when it cannot run here, else "".
 
         `memory_limit_bytes`: the request's device memory limit (`worker_limits`; None: none).
-        `user_program`: the trial runs the user's own ``fit`` or step (`tuner.programs`): TensorFlow's
+        `user_program`: the trial runs the user's own ``fit`` or step (`tuner.worker.programs`): TensorFlow's
         executor and threads stay as the user's run has them.
         """
         return ""

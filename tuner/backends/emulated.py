@@ -20,7 +20,7 @@ __all__ = ["EmulatedBackend"]
 
 class EmulatedBackend(MeasuredBackend):
     name = "emulated"
-    # The no-LMS baseline and the screen's pick, each a bracket of fresh processes (`tuner.confirm`; ResNet-50
+    # The no-LMS baseline and the screen's pick, each a bracket of fresh processes (`tuner.backends.confirm`; ResNet-50
     # 64x64 on 2 cores: 15-20 s and 35-50 s a process, 4-6 each), then their repeats side by side; the search
     # measures the screen's next pick only when the rule keeps no LMS config (`EXTRA_TRIALS`)
     default_trials = 2

@@ -1,6 +1,6 @@
 """``gpu``: real runs on the GPU (one worker per GPU of ``--gpus``); the peak is TF's allocator peak.
 
-Which GPU: `tuner.gpus.choose_gpu` reads ``--gpu`` against your
+Which GPU: `tuner.worker.gpus.choose_gpu` reads ``--gpu`` against your
 ``CUDA_VISIBLE_DEVICES`` and NVML's listing (MIG instances included); each
 worker gets that device's UUID in ``CUDA_VISIBLE_DEVICES``.
 
@@ -56,7 +56,7 @@ def default_profile(gpu_info: Mapping[str, Any] | None) -> str:
 
 class GpuBackend(MeasuredBackend):
     name = "gpu"
-    # the baseline and 3 of the screen's picks, each a bracket of fresh processes (`tuner.confirm`: 3-6
+    # the baseline and 3 of the screen's picks, each a bracket of fresh processes (`tuner.backends.confirm`: 3-6
     # processes of one batch each, every one paying TensorFlow's start and the trace); with --confirm 0 a
     # trial is one process and more of them are cheap
     default_trials = 4
@@ -66,7 +66,7 @@ class GpuBackend(MeasuredBackend):
 
     def choose_gpus(self, *, gpu: str | None, gpus: tuple[str, ...], workers: int,
                     inventory: Callable[[], list[dict[str, Any]]]) -> GpuChoice:
-        from ..gpus import STRIPPED_ENV, GpuChoiceError, choose_gpu
+        from ..worker.gpus import STRIPPED_ENV, GpuChoiceError, choose_gpu
 
         found = inventory()
         if not found:
@@ -105,7 +105,7 @@ class GpuBackend(MeasuredBackend):
 
     def device_info(self, info: Mapping[str, Any], *, gpu: str | None) -> dict[str, Any]:
         from ..environment import gpus
-        from ..gpus import GpuChoiceError, choose_gpu
+        from ..worker.gpus import GpuChoiceError, choose_gpu
 
         found = gpus()
         try:
@@ -118,7 +118,7 @@ class GpuBackend(MeasuredBackend):
                 "device_memory_bytes": chosen["total_bytes"], "device_uuid": chosen["uuid"]}
 
     def worker_env(self, *, gpu: str | None = None) -> dict[str, str]:
-        from ..worker import worker_env
+        from ..worker.run import worker_env
 
         return worker_env(gpu=self._visible(gpu))
 
@@ -128,7 +128,7 @@ class GpuBackend(MeasuredBackend):
         if gpu is not None and str(gpu).startswith(("GPU-", "MIG-")):
             return str(gpu)
         from ..environment import gpus
-        from ..gpus import GpuChoiceError, choose_gpu
+        from ..worker.gpus import GpuChoiceError, choose_gpu
 
         try:
             return str(choose_gpu(gpu, env=os.environ, inventory=gpus())[0]["uuid"])
@@ -137,7 +137,7 @@ class GpuBackend(MeasuredBackend):
 
     def worker_limits(self, settings: Any) -> dict[str, Any]:
         from ..environment import host_memory_bytes
-        from ..gpus import host_memory_limit_bytes
+        from ..worker.gpus import host_memory_limit_bytes
 
         from ..host import worker_host_limit_bytes
 
@@ -149,7 +149,7 @@ class GpuBackend(MeasuredBackend):
 
     def configure_tensorflow(self, tf: Any, *, memory_limit_bytes: int | None = None,
                              user_program: bool = False) -> str:
-        from ..gpus import NO_GPU_REASON
+        from ..worker.gpus import NO_GPU_REASON
 
         found = tf.config.list_physical_devices("GPU")
         if not found:

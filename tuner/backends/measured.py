@@ -6,9 +6,9 @@ fixed batches: the same configs screened whatever the machine's load); its
 predicted Pareto front is queued, the recommendation rule's pick first, after
 the no-LMS baseline, into the main study, and every main-study trial is a real
 run (figures MEASURED): by default (largest batch, ``--confirm`` > 0) a bracket
-of fresh worker processes, one batch each (`tuner.confirm.measure_trial`), then
+of fresh worker processes, one batch each (`tuner.backends.confirm.measure_trial`), then
 the repeats of the rule's pick and the baseline side by side
-(`tuner.confirm.confirm_recommendation`); with ``--confirm 0`` or ``--batch``
+(`tuner.backends.confirm.confirm_recommendation`); with ``--confirm 0`` or ``--batch``
 one worker that searches in-process (`tuner.trial`). The simulator skips configs
 it predicts cannot fit and aims the first batch. Several worker slots
 (``--gpus``, ``--workers``) run `tuner.study.loop.optimize` in threads on one study.
@@ -27,19 +27,19 @@ from typing import Any, Callable, Mapping
 
 from ..policy.batch import Prediction
 from ..policy.bracket import ends, verdicts, verdict_word
-from ..confirm import (RECORDED_FIGURES, FreshRuns, confirm_recommendation, fresh_process_trials, measure_trial,
+from .confirm import (RECORDED_FIGURES, FreshRuns, confirm_recommendation, fresh_process_trials, measure_trial,
                        retime_in_fresh_processes)
 from ..budget import format_bytes
 from ..study.loop import Interrupted, optimize
 from ..host import host_verdict
-from ..oom import HOST_OOM
+from ..worker.oom import HOST_OOM
 from ..policy.pareto import pareto_picks
 from ..study.progress import Progress
-from ..protocol import MeasureRequest
+from ..worker.protocol import MeasureRequest
 from ..policy.records import INFEASIBLE, TrialRecord, counted, predicted_record
 from ..study.recovery import recover_stale_trials
 from ..study.study import SCREEN_SUFFIX, claim_screen_study, make_sampler, queue_warm_start
-from ..worker import WorkerOutcome, run_worker
+from ..worker.run import WorkerOutcome, run_worker
 from .base import Backend, SearchRun
 
 __all__ = ["MeasuredBackend", "SIM_SKIP_TOLERANCE", "SCREEN_SEED", "EXTRA_TRIALS", "calibration", "measured_record",
@@ -356,7 +356,7 @@ def measured_record(config: Any, outcome: WorkerOutcome, pred: Prediction, *, ba
     """A measure worker's outcome as a record (figures MEASURED; the prediction beside them).
 
     `retimed`: the fresh processes that timed the trial after its in-process timed runs did not fit
-    (`tuner.confirm.retime_in_fresh_processes`); the last one fitted: the record has its figures.
+    (`tuner.backends.confirm.retime_in_fresh_processes`); the last one fitted: the record has its figures.
     """
     res = outcome.result
     probes = [e for e in outcome.events if e.get("event") == "probe"]
@@ -418,7 +418,7 @@ def measured_record(config: Any, outcome: WorkerOutcome, pred: Prediction, *, ba
 
 def fresh_record(config: Any, fresh: FreshRuns, pred: Prediction, *, backend: Backend, usable: int,
                  trial_dir: Path) -> TrialRecord:
-    """A trial measured as a bracket of fresh processes (`tuner.confirm.measure_trial`) as a record.
+    """A trial measured as a bracket of fresh processes (`tuner.backends.confirm.measure_trial`) as a record.
 
     ``ok``: the bracket's largest batch that fitted (figures of its fastest process there, the highest peak);
     ``infeasible`` / ``oom``: no batch fitted (the peak of the smallest batch tried); a last process that gave

@@ -24,7 +24,7 @@ class SimulateBackend(Backend):
             raise BadInput(f"--gpus needs --backend gpu (the backend is {self.name})")
         if workers > 1:
             raise BadInput("--workers needs --backend emulated or gpu (simulate predicts every trial in this process)")
-        from ..gpus import GpuChoiceError, choose_gpu
+        from ..worker.gpus import GpuChoiceError, choose_gpu
 
         found = inventory()
         if gpu is None:  # a GPU here sizes the default device profile

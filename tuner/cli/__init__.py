@@ -18,6 +18,7 @@ Where it lives::
     common.py           exit codes, the program name, one-line errors, opening an existing study
     search.py           search (and --grow); search_settings.py: its input validated into SearchSettings
     best.py  list.py  report.py  validate_config.py    one subcommand each
+    exits.py            how a command ends: signals that stop it like Ctrl-C, log records that never show a secret
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def cmd_best(args: argparse.Namespace) -> int:
 def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | None:
     """What the search would write as recommended.json, from the storage: its stored settings pick the same."""
     from ..backends import backend_named
-    from ..confirm import CONFIRMATIONS_ATTR
+    from ..backends.confirm import CONFIRMATIONS_ATTR
     from ..outputs import build_recommendation
     from ..policy.selection import select_recommendation
     from ..study.settings import SearchSettings

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 from ..budget import BudgetError
 from ..errors import BadInput
-from ..exits import MaskSecretsFilter, StopSignals
+from .exits import MaskSecretsFilter, StopSignals
 from ..study.storage import StorageError, StudyNameError, mask_secrets, mask_url, storage_failure
 from .args import build_parser
 from .common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, err, shorten

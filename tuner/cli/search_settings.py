@@ -167,7 +167,8 @@ PROGRAM_CONFIRM = 5
 
 
 def default_confirm(given: int | None, workload: dict) -> int:
-    """``--confirm``'s value: as given, else `PROGRAM_CONFIRM` for a program workload (`tuner.programs`), else `CONFIRM`."""
+    """``--confirm``'s value: as given, else `PROGRAM_CONFIRM` for a program workload (`tuner.worker.programs`), else
+    `CONFIRM`."""
     if given is not None:
         return given
     return PROGRAM_CONFIRM if workload.get("form", "step") != "step" else CONFIRM

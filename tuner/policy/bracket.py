@@ -1,6 +1,6 @@
 """The bracket of fresh processes, as arithmetic: which batch the next process runs, and what the runs say.
 
-No processes, no TensorFlow: `tuner.confirm` starts the workers and stores
+No processes, no TensorFlow: `tuner.backends.confirm` starts the workers and stores
 their runs on the study (user attr `CONFIRMATIONS_ATTR`: trial number ->
 entry); this module reads runs. A run is one fresh worker process at one
 batch from its first step: ``{"process", "batch", "status", "peak_device_bytes",

@@ -5,7 +5,7 @@ Which Pareto point is recommended (`select_recommendation`):
 configs whose throughput is at least ``min_throughput_ratio`` (default 0.8) of
 the best throughput on the front; ``prefer="throughput"``: the fastest.
 
-Below the backends and the confirmation (`tuner.confirm`), which choose with it
+Below the backends and the confirmation (`tuner.backends.confirm`), which choose with it
 during a search; `tuner.outputs` writes the choice into recommended.json.
 """
 
@@ -48,7 +48,7 @@ def pareto_front(trials: Sequence[Any]) -> list[Any]:
 
 
 class Confirmed:
-    """A trial seen through its figures from fresh processes (`tuner.confirm`): its values are those."""
+    """A trial seen through its figures from fresh processes (`tuner.backends.confirm`): its values are those."""
 
     def __init__(self, trial: Any, figures: Mapping[str, Any]) -> None:
         self._trial = trial
@@ -62,7 +62,7 @@ def select_recommendation(trials: Sequence[Any], *, prefer: str = "batch", min_t
                           confirmations: Mapping[str, Any] | None = None) -> tuple[Any | None, list[Any]]:
     """(chosen trial or None, the Pareto front) among the feasible `trials` (see module docstring).
 
-    A trial re-measured in fresh processes (`confirmations`, `tuner.confirm`) takes part with its confirmed
+    A trial re-measured in fresh processes (`confirmations`, `tuner.backends.confirm`) takes part with its confirmed
     batch and throughput: the throughput rule then compares figures measured the same way (one ResNet-50
     64x64 search's no-LMS trial ran at 87.9 samples/s and its LMS trials at 63-66, where other searches
     measured the same configs the other way round).

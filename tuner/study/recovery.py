@@ -53,7 +53,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _stale_by_heartbeat(study: Any) -> set[int]:
-    """Trial ids whose heartbeat (database storages, `tuner.study.storage.HEARTBEAT_INTERVAL_S`) is older than the grace period."""
+    """Trial ids whose heartbeat (database storages, `tuner.study.storage.HEARTBEAT_INTERVAL_S`) is older than the grace
+    period."""
     from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
 
     storage = study._storage

@@ -47,7 +47,7 @@ class SearchSettings:
             their timings interfere).
         confirm: measured backends, largest-batch goal: re-measure the recommended config and the no-LMS
             baseline with one batch per fresh worker process and recommend the largest batch that fitted
-            there, once it fitted in this many processes (`tuner.confirm`); 0: off.
+            there, once it fitted in this many processes (`tuner.backends.confirm`); 0: off.
         storage: where the study lives.
         studies_dir: outputs folder root (``studies/``).
         workload: the workload's description (`tuner.models.Workload.describe`).

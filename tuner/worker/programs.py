@@ -17,7 +17,7 @@ workload measures what the user's run will run:
 Both run under TensorFlow's default executor and threads (the emulated
 backend's single-threaded executor is for the tuner's own step only): the
 peaks are the user's, step to step and process to process, and the
-confirmation's fresh processes (`tuner.confirm`) see their spread.
+confirmation's fresh processes (`tuner.backends.confirm`) see their spread.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def trace_program(workload: Any, batch_size: int) -> tuple[Any, Any, Callable[[i
 
     from lms.tf.extract import trace_step
 
-    from .models.parts import check_program_batch
+    from ..models.parts import check_program_batch
 
     batch = workload.make_batch(batch_size, 0)
     check_program_batch(workload.name, batch, batch_size)
@@ -117,7 +117,7 @@ class fit_runner:  # noqa: N801 - used like a function returning `run`
     def __call__(self, batch: int, *, warmup: int, steps: int, stop_after: Any = None) -> Any:
         from lms.tf.fit_peaks import measure_fit
 
-        from .models.parts import check_program_batch
+        from ..models.parts import check_program_batch
 
         data = self.workload.make_batch(batch, self.seed)
         check_program_batch(self.workload.name, data, batch)
@@ -132,7 +132,7 @@ def step_runner(workload: Any, config: Any, *, emulate: bool, bandwidth: float |
     import lms
     from lms.tf.measure import device_batch, measure_step
 
-    from .models.parts import check_program_batch
+    from ..models.parts import check_program_batch
 
     fn = lms.function(workload.train_step(), config=config, emulate=emulate, bandwidth=bandwidth)
 

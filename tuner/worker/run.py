@@ -10,7 +10,7 @@ measurement runs in its own process::
       kills it on timeout                     measure_step -> "batch N fits / does not fit"
       reads result.json     ◀── result ───  final timing at the largest fitting batch
 
-Requests and results are the typed messages of `tuner.protocol`.
+Requests and results are the typed messages of `tuner.worker.protocol`.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class WorkerOutcome:
             because `should_stop` said so), ``"killed"`` (ended by a signal we
             did not send, e.g. the kernel's out-of-memory killer), or
             ``"error"`` (exited without a result).
-        result: the worker's result (`tuner.protocol`; None when it wrote none).
+        result: the worker's result (`tuner.worker.protocol`; None when it wrote none).
         events: the progress events it wrote (probes etc.).
         returncode: the process's exit code (negative: the signal).
         reason: one line for people.
@@ -83,8 +83,8 @@ def worker_env(*, gpu: str | None = None) -> dict[str, str]:
     ``Conv2DBackpropFilter`` takes a 32 MiB buffer at any batch) on another CPU;
     TensorFlow's INFO and WARNING lines are hidden (``TF_CPP_MIN_LOG_LEVEL=2``)
     unless the caller set the level. On a GPU, `gpu` is the device's UUID as the
-    parent resolved it (`tuner.gpus.choose_gpu`) and the rest is
-    `tuner.gpus.gpu_worker_env` (TensorFlow's warnings stay in the log).
+    parent resolved it (`tuner.worker.gpus.choose_gpu`) and the rest is
+    `tuner.worker.gpus.gpu_worker_env` (TensorFlow's warnings stay in the log).
     The worker imports this checkout's packages even when started from elsewhere.
     """
     if gpu is not None:
@@ -110,7 +110,7 @@ Request = DescribeRequest | TraceRequest | MeasureRequest
 
 def die_with_parent() -> None:
     """Linux: ask the kernel to SIGKILL this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``);
-    elsewhere nothing. Called by a worker, and by the zygote its workers are forked from (`tuner.zygote`)."""
+    elsewhere nothing. Called by a worker, and by the zygote its workers are forked from (`tuner.worker.zygote`)."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -129,7 +129,7 @@ def run_worker(request: Request, *, workdir: Path, timeout_s: float | None = Non
     """Run ``python -m tuner.trial`` on `request` in `workdir` and wait for it.
 
     Args:
-        request: the job (`tuner.protocol`); it travels with the events and result paths.
+        request: the job (`tuner.worker.protocol`); it travels with the events and result paths.
         workdir: folder for request.json, events.jsonl, result.json, worker.log.
         timeout_s: kill the worker (SIGTERM, then SIGKILL) after this long.
         env: its environment (see `worker_env`).
@@ -159,7 +159,8 @@ def run_worker(request: Request, *, workdir: Path, timeout_s: float | None = Non
     # code starts stays in that group, and the whole group is ended when the worker ends (`_end_group`).
     # Its output goes through a pipe into worker.log, capped (`_copy_log`): a model printing without end
     # must not fill the disk.
-    # A worker that imports TensorFlow on the CPU is forked from a process that imported it once (`tuner.zygote`).
+    # A worker that imports TensorFlow on the CPU is forked from a process that imported it once
+    # (`tuner.worker.zygote`).
     try:
         proc: Any = _forked(request, env, request_path, watch_r)
         if proc is None:
@@ -220,7 +221,7 @@ def run_worker(request: Request, *, workdir: Path, timeout_s: float | None = Non
 
 
 def _forked(request: Request, env: dict[str, str], request_path: Path, watch_r: int) -> Any:
-    """The worker forked from the zygote for `env` (`tuner.zygote`), or None: it is started from nothing."""
+    """The worker forked from the zygote for `env` (`tuner.worker.zygote`), or None: it is started from nothing."""
     from . import zygote
 
     if not zygote.enabled(env):
@@ -378,7 +379,7 @@ def _read_result(path: Path, mode: str) -> tuple[Any, str]:
 
 
 def _explained(reason: str, log_path: Path) -> str:
-    """`reason`, plus what TensorFlow logged about the GPU's libraries when it found no GPU (`tuner.gpus`)."""
+    """`reason`, plus what TensorFlow logged about the GPU's libraries when it found no GPU (`tuner.worker.gpus`)."""
     from .gpus import NO_GPU_REASON, explain_no_gpu
 
     if not reason.startswith(NO_GPU_REASON):

@@ -1,6 +1,6 @@
 """Fresh worker processes without a fresh TensorFlow import: forked from a process that imported it once.
 
-Every real measurement runs in its own process (`tuner.worker`), and each used to
+Every real measurement runs in its own process (`tuner.worker.run`), and each used to
 import TensorFlow first: about 5.5 s of one core, paid by each of the 10-15
 processes of a default search. A *zygote* is one process per search (per
 worker environment) that imports TensorFlow and waits; each worker is a fork of
@@ -18,13 +18,13 @@ allocator's peaks to the byte).
       killpg(pid) on timeout / stop
       ◀── exit: pid, returncode ─────── reaps it (after ending its group)
 
-The worker keeps every guarantee of `tuner.worker.run_worker`: it leads its own
+The worker keeps every guarantee of `tuner.worker.run.run_worker`: it leads its own
 session and process group, its output goes through a pipe into ``worker.log``, it
 exits when the search process is gone (the watch pipe, and the kernel's parent-death
 signal through the zygote, which dies with the search), and its exit code or signal
 is reported as ``returncode``, the way `subprocess` does.
 
-Used only for workers on the CPU (``CUDA_VISIBLE_DEVICES=""``, `tuner.worker.worker_env`) that import
+Used only for workers on the CPU (``CUDA_VISIBLE_DEVICES=""``, `tuner.worker.run.worker_env`) that import
 TensorFlow (trace and measure requests without an injected fault), on Linux;
 ``LMS_TUNER_ZYGOTE=0`` turns it off. Anything else, or a zygote that cannot start,
 runs ``python -m tuner.trial`` from nothing as before.
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 #: ``0`` turns the zygote off (every worker is started from nothing).
 ZYGOTE_ENV = "LMS_TUNER_ZYGOTE"
-#: Variables that differ between workers whose zygote may be shared: set by `tuner.worker.run_worker` per worker,
+#: Variables that differ between workers whose zygote may be shared: set by `tuner.worker.run.run_worker` per worker,
 #: or by pytest per test. Each fork gets the whole environment its worker was given.
 PER_WORKER_ENV = ("LMS_TUNER_PARENT_FD", "LMS_TUNER_PARENT_PID", "PYTEST_CURRENT_TEST")
 #: At most this many zygotes live at once (one per worker environment; the oldest is closed).
@@ -69,7 +69,7 @@ def enabled(env: dict[str, str]) -> bool:
 
 
 class ZygoteProcess:
-    """The part of `subprocess.Popen` that `tuner.worker` uses, for a worker forked by a zygote."""
+    """The part of `subprocess.Popen` that `tuner.worker.run` uses, for a worker forked by a zygote."""
 
     def __init__(self, pid: int, stdout: Any) -> None:
         self.pid = pid

@@ -48,14 +48,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from .policy.bracket import (CONFIRMATIONS_ATTR, METHOD, RULE, VERDICT, confirmed_figures, next_batch,
+from ..policy.bracket import (CONFIRMATIONS_ATTR, METHOD, RULE, VERDICT, confirmed_figures, next_batch,
                       stored_confirmations, verdict_word)
-from .budget import format_bytes
-from .protocol import MeasureRequest
-from .worker import WorkerOutcome, run_worker
+from ..budget import format_bytes
+from ..worker.protocol import MeasureRequest
+from ..worker.run import WorkerOutcome, run_worker
 
 if TYPE_CHECKING:
-    from .backends.base import Backend, SearchRun
+    from .base import Backend, SearchRun
 
 __all__ = ["CONFIRMATIONS_ATTR", "METHOD", "RULE", "RECORDED_FIGURES", "FreshRuns", "confirm_recommendation",
            "confirmed_figures", "fresh_process_trials", "max_processes", "measure_trial", "next_batch",
@@ -181,7 +181,7 @@ def confirm_recommendation(run: "SearchRun", backend: "Backend", *, gpu: str | N
     interrupted. A trial measured in-process (an older study) is bracketed here
     from the simulator's batch.
     """
-    from .policy.selection import baseline_trial, select_recommendation
+    from ..policy.selection import baseline_trial, select_recommendation
 
     s = run.settings
     if s.confirm <= 0 or s.batch is not None:

@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Any
 
-from .study.masking import mask_secrets
+from ..study.masking import mask_secrets
 
 __all__ = ["StopSignals", "MaskSecretsFilter", "STOP_SIGNALS"]
 

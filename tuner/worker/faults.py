@@ -19,14 +19,14 @@ __all__ = ["FAULT_ENV", "FAULT_KINDS", "act_out", "injected_fault"]
 #: hangs, so a worker that outlived its parent would be seen), ``rofs`` fails to write its result
 #: as on a study folder turned read-only (a fault of the machine, not the config). ``*`` matches
 #: every trial without its own entry; ``N.K`` (e.g. ``smaller@3.1``) targets the K-th re-measurement of
-#: trial N in a fresh process (`tuner.confirm`), where ``smaller`` returns a synthetic fitting result at
+#: trial N in a fresh process (`tuner.backends.confirm`), where ``smaller`` returns a synthetic fitting result at
 #: 3/4 of the batch asked for (as a process whose op order peaks higher would); ``fitsN`` (e.g. ``fits120@3.*``,
 #: where ``N.*`` targets every re-measurement of trial N) acts out a config whose peak grows linearly to the
 #: usable budget at batch N: its search finds N, a run at one batch fits when that is at most N; ``pathN`` is
 #: ``fitsN`` whose in-process timed runs do not fit: its search's probes fit the batch asked for, the worker
 #: reports them and ``infeasible`` (as a process whose history pushed every timed run over the budget), and
 #: its runs at one batch are ``fitsN``'s. ``kind@N`` also acts in every fresh process of trial N that has no
-#: ``N.K`` / ``N.*`` entry (a largest-batch trial is such processes by default, `tuner.confirm`).
+#: ``N.K`` / ``N.*`` entry (a largest-batch trial is such processes by default, `tuner.backends.confirm`).
 #: Never set it outside tests.
 FAULT_ENV = "LMS_TUNER_FAULT"
 FAULT_KINDS = ("kill", "oom", "hang", "hangonce", "raise", "ok", "die", "rofs", "smaller")

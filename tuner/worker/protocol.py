@@ -104,7 +104,7 @@ class MeasureRequest(_Message):
         probe_warmup / probe_steps: steps per probe; warmup / steps: of the timed run.
         trial: the trial number (names the trial in events; test-only fault injection).
         confirm: 0 for the trial's own measurement; k for its k-th re-measurement in a fresh process
-            (`tuner.confirm`).
+            (`tuner.backends.confirm`).
         bandwidth: host link bandwidth for emulated swaps (bytes/s; None: the emulator's default).
         device_memory_limit_bytes: the GPU's ``memory_limit`` (gpu backend: the budget, enforced by a
             logical device; None: no limit).
