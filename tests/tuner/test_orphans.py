@@ -5,7 +5,7 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from tuner.study.study import recovery
+from tuner.study import recovery
 from tuner.policy.records import counted
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.worker.run import zygote
+from tuner.worker import zygote
 from tuner.worker.protocol import MeasureRequest, TraceRequest
 from tuner.worker.run import PARENT_PID_ENV, PARENT_PIPE_ENV, run_worker, worker_env
 
@@ -61,7 +61,7 @@ def test_a_forked_worker_is_killed_at_its_timeout_with_its_group(tmp_path: Path)
 _PARENT = """
 import sys, threading, time
 from pathlib import Path
-from tuner.worker.run import zygote
+from tuner.worker import zygote
 from tuner.worker.protocol import TraceRequest
 from tuner.worker.run import PARENT_PID_ENV, PARENT_PIPE_ENV, run_worker, worker_env
 tmp = Path(sys.argv[1])
