@@ -99,11 +99,14 @@ def _shown(cmd: Sequence[str]) -> str:
 
 
 def _short(config: Mapping[str, Any]) -> str:
-    from lms.config import LMSConfig
+    """The config in the tuner's own words.
 
+        >>> _short({"n_tensors": 0})
+        'no LMS'
+    """
     from tuner.policy.knobs import KNOB_TABLE
 
-    return KNOB_TABLE.label(LMSConfig.from_dict(dict(config)))
+    return KNOB_TABLE.short_label(KNOB_TABLE.from_dict(dict(config)))
 
 
 def tuned_verdict(common: Mapping[str, Any], *, peers: Sequence[str], labels: Mapping[str, str],
