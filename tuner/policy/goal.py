@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .batch import Prediction, predict_at_batch, predict_max_batch
+from .selection import PLAIN_TOLERANCE
 
 __all__ = ["Goal", "MaxBatch", "FixedBatch", "goal_of"]
 
@@ -82,7 +83,8 @@ class FixedBatch(Goal):
         return self.batch, self.batch
 
     def rule(self, *, prefer: str, min_throughput_ratio: float) -> str:
-        return f"highest throughput among the configs that fit the budget at batch {self.batch}"
+        return (f"highest throughput among the configs that fit the budget at batch {self.batch}; no LMS when it "
+                f"fits and runs within {PLAIN_TOLERANCE:.0%} of that")
 
 
 def goal_of(batch: int | None, *, cap: int = 4096) -> Goal:

@@ -3,7 +3,10 @@
 Which Pareto point is recommended (`select_recommendation`):
 ``prefer="batch"`` (default): the largest batch among the Pareto-optimal
 configs whose throughput is at least ``min_throughput_ratio`` (default 0.8) of
-the best throughput on the front; ``prefer="throughput"``: the fastest.
+the best throughput on the front; ``prefer="throughput"``: the fastest. Where the
+no-LMS step reaches the chosen batch (always so at a fixed batch, ``--batch N``,
+when it fits) and runs within `PLAIN_TOLERANCE` of the chosen config's
+throughput, no LMS is recommended instead (`prefer_plain`).
 
 Below the backends and the confirmation (`tuner.backends.confirm`), which choose with it
 during a search; `tuner.outputs` writes the choice into recommended.json.
@@ -17,7 +20,15 @@ from .bracket import confirmed_figures
 from .pareto import dominates, rule_pick
 
 __all__ = ["feasible_trials", "pareto_front", "Confirmed", "select_recommendation", "throughput_peak_front",
-           "baseline_trial"]
+           "baseline_trial", "prefer_plain", "is_plain", "PLAIN_TOLERANCE"]
+
+#: An LMS config is recommended over the no-LMS step at the same batch only when it is faster by more than
+#: this fraction. A swap costs transfer time and a pinned order saves none that separate processes can show:
+#: at the common batch 16 of benchmarks/peers.py (ResNet-50 64x64, emulated device) the tuner's ``--batch 16``
+#: search measured swapping every tensor at 45.9 samples/s and no LMS at 41.1 (one process each, a loaded
+#: 2-core box), and the same plain step ranged 56-85 samples/s between processes that hour (MEASURED
+#: 2026-12-06): a 12% "gain" was the machine's noise.
+PLAIN_TOLERANCE = 0.15
 
 
 def feasible_trials(trials: Iterable[Any]) -> list[Any]:
@@ -70,10 +81,41 @@ def select_recommendation(trials: Sequence[Any], *, prefer: str = "batch", min_t
     if confirmations:
         trials = [Confirmed(t, f) if (f := confirmed_figures(t, confirmations)) is not None else t
                   for t in trials]
-    front = pareto_front(feasible_trials(trials))
+    feasible = feasible_trials(trials)
+    front = pareto_front(feasible)
     if not front:
         return None, front
-    return rule_pick(front, prefer=prefer, min_throughput_ratio=min_throughput_ratio), front
+    chosen = rule_pick(front, prefer=prefer, min_throughput_ratio=min_throughput_ratio)
+    return prefer_plain(chosen, feasible), front
+
+
+def is_plain(trial: Any) -> bool:
+    """The trial ran the step without LMS: nothing swapped, TF's order, nothing recomputed."""
+    cfg = trial.user_attrs.get("config") or {}
+    return (cfg.get("n_tensors") == 0 and cfg.get("schedule", "tf") == "tf"
+            and cfg.get("recompute", "none") in ("none", (), []))
+
+
+def prefer_plain(chosen: Any, feasible: Sequence[Any], *, tolerance: float = PLAIN_TOLERANCE) -> Any:
+    """`chosen`, or the fastest feasible no-LMS trial at the same batch when it is within `tolerance` of
+    `chosen`'s throughput (module docstring): what LMS would add there is a cost the figures cannot tell
+    from noise.
+
+        >>> class T:
+        ...     def __init__(self, n, values): self.user_attrs, self.values = {"config": {"n_tensors": n}}, values
+        >>> lms, plain = T(-1, [16, 45.9]), T(0, [16, 41.1])
+        >>> prefer_plain(lms, [lms, plain]) is plain, prefer_plain(lms, [lms, T(0, [16, 38.0])]) is lms
+        (True, True)
+        >>> prefer_plain(lms, [lms, T(0, [8, 60.0])]) is lms   # no LMS does not reach the batch
+        True
+    """
+    if is_plain(chosen):
+        return chosen
+    same = [t for t in feasible if is_plain(t) and t.values[0] == chosen.values[0]]
+    if not same:
+        return chosen
+    plain = max(same, key=lambda t: t.values[1])
+    return plain if plain.values[1] >= (1.0 - tolerance) * chosen.values[1] else chosen
 
 
 def throughput_peak_front(trials: Sequence[Any]) -> list[Any]:
