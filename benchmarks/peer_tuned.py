@@ -117,7 +117,7 @@ def tuned_verdict(common: Mapping[str, Any], *, peers: Sequence[str], labels: Ma
         >>> c = {"batch": 16, "throughput": {"plain": {"n": 2, "fastest": 85.0, "median": 84.0, "spread": 0.05},
         ...                                  "lms_tuned": {"n": 2, "fastest": 84.0, "median": 83.0, "spread": 0.02}}}
         >>> tuned_verdict(c, peers=["plain"], labels={"plain": "plain", "lms_tuned": "tuned"})
-        'tuned at the common batch 16: 84.0 samples/s, 0.99x the fastest peer (plain, 85.0): within the spread of the processes (5%): the tuner reaches the peers there'
+        'tuned (16): 84.0 samples/s, 0.99x the fastest peer (plain, 85.0): within the spread of the processes (5%): the tuner reaches the peers there'
     """
     at = common.get("throughput") or {}
     mine = at.get(key) or {}
@@ -133,5 +133,5 @@ def tuned_verdict(common: Mapping[str, Any], *, peers: Sequence[str], labels: Ma
         how = f"within the spread of the processes ({100 * spread:.0f}%): the tuner reaches the peers there"
     else:
         how = (f"more than the spread of the processes ({100 * spread:.0f}%): the peer's point is NOT reached")
-    return (f"{labels[key]} at the common batch {common.get('batch')}: {mine['fastest']:.1f} samples/s, "
+    return (f"{labels[key]} ({common.get('batch')}): {mine['fastest']:.1f} samples/s, "
             f"{ratio:.2f}x the fastest peer ({labels[best]}, {at[best]['fastest']:.1f}): {how}")

@@ -257,7 +257,7 @@ def test_the_tuned_verdict_compares_with_the_fastest_peer_and_the_spread(mine, s
     common = _common(plain=(85.0, spread), recompute_grad_stage=(68.0, 0.01), lms_tuned=(mine, 0.01),
                      lms_config=(90.0, 0.0))  # an LMS method is never "the fastest peer"
     line = peer_tuned.tuned_verdict(common, peers=["plain", "recompute_grad_stage"], labels=labels)
-    assert line.startswith(f"LMS, tuned at the common batch at the common batch 16: {mine:.1f} samples/s, "
+    assert line.startswith(f"LMS, tuned at the common batch (16): {mine:.1f} samples/s, "
                            f"{mine / 85.0:.2f}x the fastest peer (plain tf.function, 85.0)")
     assert line.endswith(verdict)
     assert peer_tuned.tuned_verdict(_common(plain=(85.0, 0.0)), peers=["plain"], labels=labels) is None
