@@ -6,6 +6,18 @@ figure as PNG and SVG. The work is split the house way:
 
     study + recommended.json --data.py--> ReportData --plots.py--> figures --html.py--> index.html
 
+    provenance.py     what recommended.json says (`Recommendation`), the environment rows, how figures were got
+    knob_effects.py   how batch, throughput and peak move with each knob's values
+    data.py           everything the page shows, computed from the trials (`ReportData`, the Pareto fronts)
+    timeline.py       device memory over one step, no LMS against the recommended config (simulated)
+    schedule.py       which order the recommended config runs the ops in, and the candidates scored
+    recompute.py      what recomputation bought the recommended config (PREDICTED, and a measured pair)
+    peers.py          remat's, per-stage recompute's and Grappler's points from benchmarks/peers.py (``--peers``)
+    plots.py          the figures (the only matplotlib code)
+    markup.py         HTML pieces: escaping, numbers, tables, images
+    card.py           the recommendation's card at the top of the page
+    html.py           the page, laid out from `ReportData` and the rendered figures
+
 Only `tuner.report.plots` imports matplotlib, and only when a report is built.
 """
 
