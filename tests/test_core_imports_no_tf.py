@@ -10,7 +10,7 @@ from pathlib import Path
 
 CORE = ["lms", "lms.config", "lms.jsonfile", "lms.graph", "lms.optypes", "lms.simulator",
         "lms.plan", "lms.plan.swap_plan", "lms.plan.swap_planner", "lms.plan.candidates", "lms.plan.triggers",
-        "lms.plan.recompute", "lms.plan.recompute_planner", "lms.plan.anchor", "lms.plan.rewrites",
+        "lms.plan.recompute", "lms.plan.recompute_planner", "lms.plan.anchor", "lms.rules",
         "lms.machine", "lms.machine.devices", "lms.machine.nvml", "lms.machine.hostmem",
         "lms.schedule", "lms.schedule.scheduler", "lms.schedule.edges", "lms.schedule.models",
         "lms.schedule.candidate_orders", "lms.schedule.exact_order",

@@ -6,7 +6,7 @@ import dataclasses
 from lms import LMSConfig, Role, plan_swaps
 from lms.plan.anchor import alternative_trigger, anchor_triggers
 from lms.graph import Graph, GraphBuilder
-from lms.plan.rewrites import folds_into, hides_rewrite, recompute_changes_readers
+from lms.rules import folds_into, hides_rewrite, recompute_changes_readers
 from tests.synthetic import MiB, chain
 
 

@@ -7,7 +7,8 @@ import pytest
 from lms import LMSConfig, plan_swaps
 from lms.graph import GraphBuilder, Role
 from lms.plan import SWAP_IN_TYPE, rewrite_graph
-from lms.plan.anchor import merged_pairs, pinnable_ops, trigger_ops
+from lms.plan.anchor import pinnable_ops, trigger_ops
+from lms.rules import merged_pairs
 from lms.schedule import (EXECUTOR_KINDS, Schedule, ScheduleError, anchor_edges, merge_edges, order_peak, pin_graph,
                           resource_edges, resource_order_edges,
                           schedule_ops)

@@ -13,8 +13,10 @@ The flow, a pass a module (each takes the graph model and an `LMSConfig`)::
 - `recompute_planner`: `plan_recompute`, the cheap chains rebuilt instead of kept or swapped.
 - `swap_planner`: `plan_swaps(graph, config) -> SwapPlan`, the pass a caller runs (it plans
   recomputation first when the config asks for it).
-- `rewrites`: the Grappler rewrites a swap-in or a recompute gate would change (avoided).
 - `anchor`: triggers moved off ops Grappler folds; the ops a schedule may pin.
+
+What Grappler and oneDNN do to a step (the rewrites a swap-in, a pin or a recompute gate would change)
+is below this package, in `lms.rules`: the schedule reads the same rules.
 """
 
 from __future__ import annotations

@@ -20,42 +20,11 @@ from __future__ import annotations
 import dataclasses
 
 from ..graph import SHAPE_ONLY_TYPES, Graph, Role
+from ..rules import REWRITABLE_TYPES, UNPINNABLE_TYPES, may_vanish, merged_pairs, safe_trigger, static_ops
 from .swap_plan import SWAP_IN_TYPE, SWAP_OUT_TYPE, Swap, SwapIn, SwapPlan
 from .recompute import GATE_TYPE, is_gate_op_name, is_recompute_op_name
 
-__all__ = ["anchor_triggers", "anchored_trigger", "alternative_trigger", "pinnable_ops", "trigger_ops", "merged_pairs", "REWRITABLE_TYPES",
-           "MERGED_SIBLING_TYPES"]
-
-
-# Op types Grappler may fold into a rewrite as an inner node (remapper fusions such as
-# Conv2D+BiasAdd+Add+Relu or Keras' unfused batch norm -> FusedBatchNorm, the arithmetic
-# optimizer's add-chain, broadcast and factor rewrites, layout and cast rewrites).
-# Gradient kernels (ReluGrad, Conv2DBackprop*, MaxPoolGrad, ...) are not among them.
-REWRITABLE_TYPES = frozenset({
-    "Add", "AddV2", "AddN", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Neg", "Square", "Sqrt",
-    "Rsqrt", "Reciprocal", "SquaredDifference", "Maximum", "Minimum", "Pow", "Exp", "Log", "Log1p",
-    "Cast", "BiasAdd", "Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul", "BatchMatMul",
-    "BatchMatMulV2", "BatchMatMulV3", "Einsum", "FusedBatchNorm", "FusedBatchNormV2",
-    "FusedBatchNormV3", "Pad", "Reshape", "Transpose", "Squeeze", "ExpandDims", "Identity", "Relu",
-    "Relu6", "Elu", "Selu", "LeakyRelu", "Sigmoid", "Tanh", "Softplus", "Softmax", "LogSoftmax",
-    "Mean", "Sum",
-})
-
-# oneDNN's graph pass (MklLayoutRewritePass, run when a function is instantiated, after Grappler)
-# merges these sibling pairs -- two ops reading the same tensor -- into one op
-# (_MklConv2DBackpropFilterWithBias). A path between the two through a pin closes a cycle once
-# merged: TF refuses to run the step ("N nodes in a cycle").
-MERGED_SIBLING_TYPES = (("Conv2DBackpropFilter", "BiasAddGrad"), ("Conv3DBackpropFilterV2", "BiasAddGrad"))
-_CONSTANT_TYPES = frozenset({"Const", "HostConst", "Shape", "ShapeN", "Size", "Rank"})
-# Never pinned either: identities and views (Grappler bypasses or removes them), shape reads and
-# resident values (folded into constants), control-flow and stateless sources.
-_UNPINNABLE_TYPES = frozenset({
-    "Identity", "IdentityN", "NoOp", "Const", "HostConst", "Placeholder", "PlaceholderWithDefault", "_Arg",
-    "VarHandleOp", "ReadVariableOp", "Shape", "ShapeN", "Size", "Rank", "VariableShape", "StopGradient",
-    "PreventGradient", "EnsureShape", "CheckNumerics", "CheckNumericsV2", "Bitcast", "Switch", "Merge",
-    "Enter", "Exit", "NextIteration", "LoopCond", "While", "StatelessWhile", "If", "StatelessIf",
-    "PartitionedCall", "StatefulPartitionedCall",
-})
+__all__ = ["anchor_triggers", "anchored_trigger", "alternative_trigger", "pinnable_ops", "trigger_ops"]
 
 
 def anchor_triggers(graph: Graph, plan: SwapPlan) -> SwapPlan:
@@ -141,7 +110,7 @@ def alternative_trigger(graph: Graph, trigger: str, tensor: str, consumers: tupl
 
     The op nearest in level to `trigger` (earlier ones first) that the planner
     could have taken: an ancestor of the first consumer (so the edge cannot
-    close a cycle) of the same role, run by TensorFlow, safe (`_safe_trigger`),
+    close a cycle) of the same role, run by TensorFlow, safe (`lms.rules.safe_trigger`),
     neither a shape read nor a clone, after every forward reader of `tensor`
     (a forward swap-in: after the readers of the original) and, for backward
     consumers, deeper than `Graph.forward_end`; not `trigger` and not in `avoid`
@@ -162,7 +131,7 @@ def alternative_trigger(graph: Graph, trigger: str, tensor: str, consumers: tupl
         op = graph.ops[name]
         return (name != trigger and name not in avoid and op.role is role and op.live and bool(op.inputs)
                 and op.type not in SHAPE_ONLY_TYPES and not is_recompute_op_name(name) and name not in consumers
-                and _safe_trigger(graph, name) and graph.is_ancestor(name, first)
+                and safe_trigger(graph, name) and graph.is_ancestor(name, first)
                 and all(graph.is_ancestor(r, name) for r in after))
 
     start = levels[trigger]
@@ -174,22 +143,9 @@ def alternative_trigger(graph: Graph, trigger: str, tensor: str, consumers: tupl
     return None
 
 
-def _readers(graph: Graph, op: str) -> int:
-    """Readers of `op`'s outputs that TensorFlow runs (a pruned reader does not count: Grappler folds
-    ``mul_1`` of ``mul_1 / 10`` into the division once the gradient of the constant 10 is gone)."""
-    return len({c for t in graph.ops[op].outputs for c in graph.live_readers(t)})
-
-
-def _safe_trigger(graph: Graph, op: str) -> bool:
-    """A control edge from `op` cannot change a Grappler rewrite."""
-    o = graph.ops[op]
-    return (o.type not in REWRITABLE_TYPES or _readers(graph, op) != 1
-            or bool(graph.control_outputs(op)))
-
-
 def _anchor(graph: Graph, trigger: str, position: dict[str, int]) -> str:
     """`trigger` if safe, else its nearest safe same-role data ancestor (not a source)."""
-    if _safe_trigger(graph, trigger):
+    if safe_trigger(graph, trigger):
         return trigger
     role = graph.ops[trigger].role
     seen = {trigger}
@@ -202,7 +158,7 @@ def _anchor(graph: Graph, trigger: str, position: dict[str, int]) -> str:
                         and graph.ops[p].live):
                     seen.add(p)
                     parents.append(p)
-        safe = [p for p in parents if _safe_trigger(graph, p)]
+        safe = [p for p in parents if safe_trigger(graph, p)]
         if safe:
             return max(safe, key=lambda p: (graph.levels[p], position[p]))
         layer = parents
@@ -211,23 +167,6 @@ def _anchor(graph: Graph, trigger: str, position: dict[str, int]) -> str:
 
 def _is_gate(op) -> bool:  # noqa: ANN001
     return op.type == GATE_TYPE and is_gate_op_name(op.name)
-
-
-def merged_pairs(graph: Graph) -> tuple[tuple[str, str], ...]:
-    """Sibling pairs ``(a, b)`` that oneDNN merges into one op (`MERGED_SIBLING_TYPES`).
-
-    ``a`` and ``b`` read the same tensor (``b`` has no other input); the merged op
-    runs after every input of both.
-    """
-    pairs: list[tuple[str, str]] = []
-    for a_type, b_type in MERGED_SIBLING_TYPES:
-        for op in graph.ops.values():
-            if op.type != b_type or len(op.inputs) != 1:
-                continue
-            mates = [c for c in graph.data_consumers(op.inputs[0]) if graph.ops[c].type == a_type]
-            if mates:
-                pairs.append((mates[0], op.name))
-    return tuple(pairs)
 
 
 def pinnable_ops(graph: Graph) -> frozenset[str]:
@@ -257,7 +196,7 @@ def pinnable_ops(graph: Graph) -> frozenset[str]:
         (ReluGrad) -> (Conv2DBackpropInput)  pinnable
     """
     merged = {n for pair in merged_pairs(graph) for n in pair}
-    static = _static_ops(graph)
+    static = static_ops(graph)
     out: set[str] = set()
     for op in graph.ops.values():
         if op.name in static:
@@ -265,7 +204,7 @@ def pinnable_ops(graph: Graph) -> frozenset[str]:
         if op.type in (SWAP_IN_TYPE, SWAP_OUT_TYPE) or _is_gate(op):
             out.add(op.name)
             continue
-        if (op.type in REWRITABLE_TYPES or op.type in _UNPINNABLE_TYPES or op.name in merged
+        if (op.type in REWRITABLE_TYPES or op.type in UNPINNABLE_TYPES or op.name in merged
                 or not (op.inputs or op.control_inputs) or not op.live):
             continue
         if op.outputs and not any(graph.consumers(t) for t in op.outputs) and not graph.control_outputs(op.name):
@@ -274,48 +213,15 @@ def pinnable_ops(graph: Graph) -> frozenset[str]:
     return frozenset(out)
 
 
-def _static_ops(graph: Graph) -> set[str]:
-    """Ops computed from constants and shapes only: Grappler's constant folding replaces them."""
-    static: set[str] = set()
-    for name in graph.topological_order:
-        op = graph.ops[name]
-        if op.type in _CONSTANT_TYPES or (op.inputs and all(p in static for p in op.input_ops)):
-            static.add(name)
-    return static
-
-
-# Ops Grappler often removes or merges into another (`_may_vanish`): a control edge from one moves to
-# another op (seen on cnn_bn and ResNet-50: the swap-in came in at another time).
-_VANISHING_TYPES = frozenset({"Neg"})
-_VIEW_TYPES = frozenset({"Reshape", "Squeeze", "ExpandDims"})
-_REDUCTION_TYPES = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "BiasAddGrad"})
-
-
-def _may_vanish(graph: Graph, op) -> bool:  # noqa: ANN001
-    """An op Grappler may remove or merge into another (its control edges would move).
-
-    A negation (``x + -y`` -> ``x - y``; equal ones deduplicated), and a view of
-    a view or of a reduction: Grappler collapses ``Reshape(Reshape(x))`` and
-    reshapes of ``Sum``s (a bias gradient's, two branches' equal ones). Seen on
-    ResNet-50: all such triggers moved; views of other ops (BatchNorm's ``gamma``
-    gradient) stayed.
-    """
-    if op.type in _VANISHING_TYPES:
-        return True
-    if op.type not in _VIEW_TYPES or not op.inputs:
-        return False
-    return graph.producer(op.inputs[0]).type in _VIEW_TYPES | _REDUCTION_TYPES
-
-
 def trigger_ops(graph: Graph, *, pinnable: frozenset[str] | None = None) -> frozenset[str]:
     r"""Ops that may carry a control *output* (a swap-in's trigger) without changing TF's rewrites.
 
     The rule swap-in triggers have always followed (`anchor_triggers`), for the
     schedule: every pinnable op (`pinnable_ops`), and every backward op a control
-    output cannot take out of a rewrite (`_safe_trigger`: its type is not one
+    output cannot take out of a rewrite (`lms.rules.safe_trigger`: its type is not one
     Grappler rewrites, or it does not have exactly one reader -- an op with two
     readers is never an inner node of a fusion) that Grappler does not remove or
-    merge (`_may_vanish`: its control edges would move), not an identity, shape
+    merge (`lms.rules.may_vanish`: its control edges would move), not an identity, shape
     read, constant or control-flow op, not folded to a constant, read by
     something, and not one of a pair oneDNN merges. A swap-in gets its control
     input from such an op, so it is copied in right after the op it is
@@ -326,16 +232,16 @@ def trigger_ops(graph: Graph, *, pinnable: frozenset[str] | None = None) -> froz
     """
     pinnable = pinnable_ops(graph) if pinnable is None else pinnable
     merged = {n for pair in merged_pairs(graph) for n in pair}
-    static = _static_ops(graph)
+    static = static_ops(graph)
     out = set(pinnable)
     for op in graph.ops.values():
-        if (op.name in out or op.role is not Role.BACKWARD or op.type in _UNPINNABLE_TYPES
-                or op.name in static or op.name in merged or not op.inputs or _may_vanish(graph, op)
+        if (op.name in out or op.role is not Role.BACKWARD or op.type in UNPINNABLE_TYPES
+                or op.name in static or op.name in merged or not op.inputs or may_vanish(graph, op)
                 or not op.live):
             continue
         if not any(graph.consumers(t) for t in op.outputs):
             continue
-        if _safe_trigger(graph, op.name):
+        if safe_trigger(graph, op.name):
             out.add(op.name)
     return frozenset(out)
 

@@ -23,7 +23,7 @@ the ``incl_*``/``excl_*`` filters apply) the planners choose one of three:
   tensor whose clones would make Grappler rewrite the step differently: an
   op that keeps one reader after its backward readers move to the clone, or a
   clone read by one op where the original had several, when Grappler folds
-  such an op into its reader (`lms.plan.rewrites.recompute_changes_readers`).
+  such an op into its reader (`lms.rules.recompute_changes_readers`).
 
 Clones: one chain per recomputed tensor serves all its backward readers (a
 ReLU output is read by the next convolution's filter gradient and, ~13 levels
@@ -57,7 +57,7 @@ from ..optypes import RANDOM_TYPES, RECOMPUTABLE_TYPES, never_recomputed
 from .anchor import anchored_trigger
 from .candidates import find_candidates
 from .recompute import Clone, Gate, Recompute, RecomputePlan, gate_op_name, recompute_op_name
-from .rewrites import LOOK_THROUGH, recompute_changes_readers
+from ..rules import LOOK_THROUGH, recompute_changes_readers
 from .verdicts import Skip
 from .triggers import eligible, find_trigger, shares_input
 

@@ -41,7 +41,7 @@ always has a lower level than ``c``, so it can never depend on ``c``: no plan
 creates a cycle.
 
 A backward reader that Grappler rewrites together with the tensor's producer
-(``MatMul(Transpose(x), y)`` reads ``x`` with ``transpose_a``: `lms.plan.rewrites.hides_rewrite`)
+(``MatMul(Transpose(x), y)`` reads ``x`` with ``transpose_a``: `lms.rules.hides_rewrite`)
 keeps reading the original: a swap-in in between would change its arithmetic.
 
 ``fuse_swapins``: consumers of one tensor whose levels are within ``lb`` of the
@@ -74,7 +74,7 @@ from .anchor import anchor_triggers
 from .candidates import SKIPPED_PRODUCER_TYPES, find_candidates, rejection
 from .recompute import is_recompute_op_name
 from .recompute_planner import plan_recompute
-from .rewrites import hides_rewrite
+from ..rules import hides_rewrite
 from .swap_plan import Skip, Swap, SwapIn, SwapPlan, swap_op_name
 from .triggers import find_trigger
 
@@ -102,7 +102,7 @@ def plan_swaps(graph: Graph, config: LMSConfig, *, kernels: str = "cpu") -> Swap
         config: the LMS knobs.
         kernels: whose kernels run the step, ``"cpu"`` (TF's CPU build, oneDNN)
             or ``"gpu"``: a few rules hold on one only
-            (`lms.plan.rewrites.hides_rewrite`). `DeviceProfile.kernels` names them.
+            (`lms.rules.hides_rewrite`). `DeviceProfile.kernels` names them.
 
     Returns:
         A `SwapPlan`; empty when ``config.n_tensors == 0`` and ``config.recompute == "none"``.

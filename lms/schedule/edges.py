@@ -13,7 +13,7 @@ from typing import Iterable
 
 from ..config import LMSConfig, serialization_levels
 from ..graph import SHAPE_ONLY_TYPES, Graph, Op, Role
-from ..plan.anchor import merged_pairs
+from ..rules import merged_pairs
 from ..plan.swap_plan import SWAP_IN_TYPE, SWAP_OUT_TYPE
 
 __all__ = ["pin_graph", "ordering_edges", "anchor_edges", "resource_order_edges", "resource_edges",
@@ -182,7 +182,7 @@ def resource_edges(graph: Graph) -> tuple[tuple[str, str], ...]:
 
 
 def merge_edges(graph: Graph) -> tuple[tuple[str, str], ...]:
-    """Model-only edges for oneDNN's merged pairs (`lms.plan.anchor.merged_pairs`): the merged op runs after
+    """Model-only edges for oneDNN's merged pairs (`lms.rules.merged_pairs`): the merged op runs after
     every input of both, so ``b`` is ordered after ``a``'s inputs (no pin may then run between them)."""
     edges = []
     for a, b in merged_pairs(graph):

@@ -61,7 +61,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..plan.anchor import MERGED_SIBLING_TYPES
+from ..rules import MERGED_SIBLING_TYPES
 
 __all__ = ["Node", "ExactOrder", "ExactOrderError", "exact_order", "order_dependent_sums", "FREE_TYPES",
            "CONTROL_FLOW_TYPES"]
@@ -285,7 +285,7 @@ def _unit(chain: list[str], k: int, mate: dict[str, str]) -> tuple[str, ...]:
 
 
 def _merged_pairs(nodes: Sequence[Node]) -> tuple[tuple[str, str], ...]:
-    """``(a, b)`` pairs oneDNN merges (`lms.plan.anchor.MERGED_SIBLING_TYPES`): ``b`` has one input, which ``a`` reads."""
+    """``(a, b)`` pairs oneDNN merges (`lms.rules.MERGED_SIBLING_TYPES`): ``b`` has one input, which ``a`` reads."""
     readers: dict[str, list[Node]] = {}
     for n in nodes:
         for p in dict.fromkeys(n.inputs):

@@ -49,7 +49,8 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.eager import record
 
-from ..plan.anchor import REWRITABLE_TYPES, anchor_triggers  # noqa: F401  (re-exported)
+from ..plan.anchor import anchor_triggers  # noqa: F401  (re-exported)
+from ..rules import REWRITABLE_TYPES  # noqa: F401  (re-exported)
 from ..plan import Swap, SwapIn, SwapPlan
 from ..plan.recompute import GATE_TYPE, RecomputePlan
 from .emulate import emulated_swap_in, emulated_swap_out

@@ -6,7 +6,7 @@ without" is about. An inserted op can change it: a trigger's control edge keeps
 an op out of a rewrite, a swap-in hides the ``Transpose`` a ``MatMul`` would
 absorb, a recompute clone leaves an op with one reader that Grappler then
 folds. The planners avoid the cases they know (`lms.plan.anchor`,
-`lms.plan.rewrites`); this module is the safety net for the rest::
+`lms.rules`); this module is the safety net for the rest::
 
     graph before apply --Grappler--> plain   \\
                                                compare compute ops -> differences -> correct, again

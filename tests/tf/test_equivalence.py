@@ -2,7 +2,7 @@
 
 Each case is the issue's minimal reproduction: the step returns its gradients,
 which must equal ``tf.function``'s bit for bit. ``check=False`` shows that the
-planner's rules alone avoid the case (`lms.plan.anchor`, `lms.plan.rewrites`); the
+planner's rules alone avoid the case (`lms.plan.anchor`, `lms.rules`); the
 harmful plans injected below show that the check (`lms.tf.equivalence`) finds
 and corrects what a planner would do wrong, and that they are harmful indeed.
 """

@@ -31,7 +31,7 @@ CONFIGS = {
 }
 # models with BatchNorm -> ReLU chains (mlp: Dense -> ReLU has none: its ReLU's input is not saved; cnn_bn's
 # ReLU is read by a MaxPool, and with its backward readers moved to a clone Grappler would compute
-# max(relu(x)) as relu(max(x)): another graph, so it is kept: `lms.plan.rewrites.folds_into`)
+# max(relu(x)) as relu(max(x)): another graph, so it is kept: `lms.rules.folds_into`)
 RECOMPUTING = {"residual"}
 
 

@@ -1,11 +1,14 @@
-"""Which Grappler rewrites an inserted op can change, as rules the planners follow. No TensorFlow.
+"""What Grappler and oneDNN do to a step, as rules over the graph model: the planners and the schedule
+follow them. No TensorFlow.
 
-Without LMS, TensorFlow's graph optimizer (Grappler) rewrites the step before
+Below `lms.plan` and `lms.schedule`, above `lms.graph` only: every rule about TensorFlow's own rewrites lives
+here, once. Without LMS, TensorFlow's graph optimizer (Grappler) rewrites the step before
 running it; the rewritten arithmetic is what "bitwise identical" means. An op
 LMS inserts changes a rewrite in three ways, one rule each:
 
-- **A control edge on an inner node** (a swap-in's trigger): `lms.plan.anchor`
-  keeps triggers off ops that a rewrite may fold into their reader.
+- **A control edge on an inner node** (a swap-in's trigger, an ordering pin): `REWRITABLE_TYPES`,
+  `safe_trigger`, `may_vanish`, `static_ops` and oneDNN's `merged_pairs` say which ops may carry one;
+  `lms.plan.anchor` keeps triggers off the others and chooses the ops a schedule may pin.
 - **A swap-in between two ops that a rewrite reads as one** (`hides_rewrite`):
   some rewrites look through the producer of a consumer's input whatever else
   reads it -- ``MatMul(Transpose(x), y)`` becomes ``MatMul(x, y,
@@ -27,9 +30,11 @@ step with and without LMS and undoes whatever a rule missed.
 
 from __future__ import annotations
 
-from ..graph import Graph
+from .graph import Graph
 
-__all__ = ["LOOK_THROUGH", "ONEDNN_WORKSPACE", "folds_into", "hides_rewrite", "recompute_changes_readers"]
+__all__ = ["LOOK_THROUGH", "ONEDNN_WORKSPACE", "folds_into", "hides_rewrite", "recompute_changes_readers",
+           "REWRITABLE_TYPES", "MERGED_SIBLING_TYPES", "CONSTANT_TYPES", "UNPINNABLE_TYPES", "merged_pairs",
+           "static_ops", "may_vanish", "safe_trigger", "live_reader_count"]
 
 # (producer type, consumer type): rewrites of the consumer that read through the producer, whatever
 # else reads the producer (Grappler's arithmetic optimizer stages in parentheses).
@@ -146,3 +151,99 @@ def recompute_changes_readers(graph: Graph, tensor: str, chain: list[str], consu
                 return (f"the clone of {op.type} {name!r} would have one reader, {graph.ops[only].type} "
                         f"{only!r}, which Grappler folds it into (the original has {len(readers)})")
     return ""
+
+
+# ---- control edges: which ops may carry one (swap-in triggers, ordering pins) -------------------------------
+
+# Op types Grappler may fold into a rewrite as an inner node (remapper fusions such as
+# Conv2D+BiasAdd+Add+Relu or Keras' unfused batch norm -> FusedBatchNorm, the arithmetic
+# optimizer's add-chain, broadcast and factor rewrites, layout and cast rewrites).
+# Gradient kernels (ReluGrad, Conv2DBackprop*, MaxPoolGrad, ...) are not among them.
+REWRITABLE_TYPES = frozenset({
+    "Add", "AddV2", "AddN", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Neg", "Square", "Sqrt",
+    "Rsqrt", "Reciprocal", "SquaredDifference", "Maximum", "Minimum", "Pow", "Exp", "Log", "Log1p",
+    "Cast", "BiasAdd", "Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul", "BatchMatMul",
+    "BatchMatMulV2", "BatchMatMulV3", "Einsum", "FusedBatchNorm", "FusedBatchNormV2",
+    "FusedBatchNormV3", "Pad", "Reshape", "Transpose", "Squeeze", "ExpandDims", "Identity", "Relu",
+    "Relu6", "Elu", "Selu", "LeakyRelu", "Sigmoid", "Tanh", "Softplus", "Softmax", "LogSoftmax",
+    "Mean", "Sum",
+})
+
+# oneDNN's graph pass (MklLayoutRewritePass, run when a function is instantiated, after Grappler)
+# merges these sibling pairs -- two ops reading the same tensor -- into one op
+# (_MklConv2DBackpropFilterWithBias). A path between the two through a pin closes a cycle once
+# merged: TF refuses to run the step ("N nodes in a cycle").
+MERGED_SIBLING_TYPES = (("Conv2DBackpropFilter", "BiasAddGrad"), ("Conv3DBackpropFilterV2", "BiasAddGrad"))
+CONSTANT_TYPES = frozenset({"Const", "HostConst", "Shape", "ShapeN", "Size", "Rank"})
+# Never pinned either: identities and views (Grappler bypasses or removes them), shape reads and
+# resident values (folded into constants), control-flow and stateless sources.
+UNPINNABLE_TYPES = frozenset({
+    "Identity", "IdentityN", "NoOp", "Const", "HostConst", "Placeholder", "PlaceholderWithDefault", "_Arg",
+    "VarHandleOp", "ReadVariableOp", "Shape", "ShapeN", "Size", "Rank", "VariableShape", "StopGradient",
+    "PreventGradient", "EnsureShape", "CheckNumerics", "CheckNumericsV2", "Bitcast", "Switch", "Merge",
+    "Enter", "Exit", "NextIteration", "LoopCond", "While", "StatelessWhile", "If", "StatelessIf",
+    "PartitionedCall", "StatefulPartitionedCall",
+})
+
+
+def live_reader_count(graph: Graph, op: str) -> int:
+    """Readers of `op`'s outputs that TensorFlow runs (a pruned reader does not count: Grappler folds
+    ``mul_1`` of ``mul_1 / 10`` into the division once the gradient of the constant 10 is gone)."""
+    return len({c for t in graph.ops[op].outputs for c in graph.live_readers(t)})
+
+
+def safe_trigger(graph: Graph, op: str) -> bool:
+    """A control edge from `op` cannot change a Grappler rewrite."""
+    o = graph.ops[op]
+    return (o.type not in REWRITABLE_TYPES or live_reader_count(graph, op) != 1
+            or bool(graph.control_outputs(op)))
+
+
+def merged_pairs(graph: Graph) -> tuple[tuple[str, str], ...]:
+    """Sibling pairs ``(a, b)`` that oneDNN merges into one op (`MERGED_SIBLING_TYPES`).
+
+    ``a`` and ``b`` read the same tensor (``b`` has no other input); the merged op
+    runs after every input of both.
+    """
+    pairs: list[tuple[str, str]] = []
+    for a_type, b_type in MERGED_SIBLING_TYPES:
+        for op in graph.ops.values():
+            if op.type != b_type or len(op.inputs) != 1:
+                continue
+            mates = [c for c in graph.data_consumers(op.inputs[0]) if graph.ops[c].type == a_type]
+            if mates:
+                pairs.append((mates[0], op.name))
+    return tuple(pairs)
+
+
+def static_ops(graph: Graph) -> set[str]:
+    """Ops computed from constants and shapes only: Grappler's constant folding replaces them."""
+    static: set[str] = set()
+    for name in graph.topological_order:
+        op = graph.ops[name]
+        if op.type in CONSTANT_TYPES or (op.inputs and all(p in static for p in op.input_ops)):
+            static.add(name)
+    return static
+
+
+# Ops Grappler often removes or merges into another (`may_vanish`): a control edge from one moves to
+# another op (seen on cnn_bn and ResNet-50: the swap-in came in at another time).
+_VANISHING_TYPES = frozenset({"Neg"})
+_VIEW_TYPES = frozenset({"Reshape", "Squeeze", "ExpandDims"})
+_REDUCTION_TYPES = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "BiasAddGrad"})
+
+
+def may_vanish(graph: Graph, op) -> bool:  # noqa: ANN001
+    """An op Grappler may remove or merge into another (its control edges would move).
+
+    A negation (``x + -y`` -> ``x - y``; equal ones deduplicated), and a view of
+    a view or of a reduction: Grappler collapses ``Reshape(Reshape(x))`` and
+    reshapes of ``Sum``s (a bias gradient's, two branches' equal ones). Seen on
+    ResNet-50: all such triggers moved; views of other ops (BatchNorm's ``gamma``
+    gradient) stayed.
+    """
+    if op.type in _VANISHING_TYPES:
+        return True
+    if op.type not in _VIEW_TYPES or not op.inputs:
+        return False
+    return graph.producer(op.inputs[0]).type in _VIEW_TYPES | _REDUCTION_TYPES
