@@ -7,7 +7,7 @@ validate ``LMSConfig.recompute`` with the same sets the recompute planner uses.
 from __future__ import annotations
 
 __all__ = ["VIEW_TYPES", "RESIDENT_TYPES", "INPUT_TYPES", "RECOMPUTABLE_TYPES", "RANDOM_TYPES", "STATEFUL_TYPES",
-           "never_recomputed"]
+           "ZERO_COST_TYPES", "never_recomputed"]
 
 # Output i is a view of input 0 (or of input i for IdentityN): no new memory.
 VIEW_TYPES = frozenset({"Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
@@ -65,3 +65,12 @@ def never_recomputed(op_type: str) -> bool:
     """True for random and stateful op types (whatever a config lists)."""
     return (op_type in RANDOM_TYPES or op_type in STATEFUL_TYPES or "Random" in op_type
             or op_type.startswith(("Stateful", "Stateless", "Rng", "Assign", "ResourceApply")))
+
+
+# Ops that do no device work of their own (views, constants, handles, control).
+ZERO_COST_TYPES = frozenset({
+    "Const", "NoOp", "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
+    "PreventGradient", "EnsureShape", "Placeholder", "PlaceholderWithDefault", "_Arg", "_Retval",
+    "VarHandleOp", "ReadVariableOp", "Shape", "ShapeN", "Size", "Rank", "VariableShape",
+    "BroadcastGradientArgs",
+})

@@ -14,8 +14,9 @@ CORE = ["lms", "lms.config", "lms.jsonfile", "lms.graph", "lms.optypes", "lms.si
         "lms.machine", "lms.machine.devices", "lms.machine.nvml", "lms.machine.hostmem",
         "lms.schedule", "lms.schedule.scheduler", "lms.schedule.edges", "lms.schedule.models",
         "lms.schedule.candidate_orders", "lms.schedule.exact_order",
-        "lms.sim", "lms.sim.compiled", "lms.sim.order", "lms.sim.result", "lms.sim.costs", "lms.sim.interpreter",
-        "lms.sim.search", "lms.sim.bfc", "lms.sim.bound", "lms.sim.layout", "lms.auto", "lms.sizes"]
+        "lms.sim", "lms.sim.compiled", "lms.order", "lms.sim.result", "lms.sim.costs", "lms.sim.interpreter",
+        "lms.sim.search", "lms.sim.bfc", "lms.sim.bound", "lms.sim.layout", "lms.auto", "lms.sizes", "lms.shapes",
+        "lms.pipeline"]
 TUNER = ["tuner", "tuner.cli", "tuner.search", "tuner.study.settings", "tuner.policy.knobs", "tuner.policy.space",
          "tuner.study.loop", "tuner.policy.records", "tuner.study.recovery", "tuner.policy.pareto", "tuner.graphs",
          "tuner.worker.run", "tuner.worker.protocol",

@@ -51,7 +51,7 @@ def test_cpu_profile_is_the_emulated_device():
 
 def test_profile_orders_are_the_simulators():
     from lms.machine.devices import _ORDERS
-    from lms.sim.order import ORDERS
+    from lms.order import ORDERS
 
     assert _ORDERS == ORDERS
     with pytest.raises(ValueError, match="DeviceProfile.order='lifo': allowed 'executor', 'single_threaded'"):

@@ -17,7 +17,8 @@ from lms.machine.devices import get_device
 from lms.graph import GraphBuilder, Role
 from lms.sim import simulate
 from lms.sim.compiled import compile_graph
-from lms.sim.interpreter import default_temporaries, layout_transposes_on, resolve_plan, run
+from lms.pipeline import resolve_plan
+from lms.sim.interpreter import default_temporaries, layout_transposes_on, run
 from lms.sim.layout import converts_layout, is_transposed, transposed_rank
 from lms.plan import SWAP_IN_TYPE, SWAP_OUT_TYPE
 

@@ -131,7 +131,7 @@ def _pooled() -> Graph:
 
 def test_the_pooling_workspace_rule_holds_for_onednn_kernels_only():
     """oneDNN's MaxPoolGrad needs its direct edge from the MaxPool (issue 55); a GPU's does not (issue 50)."""
-    from lms.sim.interpreter import resolve_plan
+    from lms.pipeline import resolve_plan
     from lms.simulator import simulate
 
     graph = _pooled()

@@ -13,7 +13,7 @@ from lms.schedule import (EXECUTOR_KINDS, Schedule, ScheduleError, anchor_edges,
                           resource_edges, resource_order_edges,
                           schedule_ops)
 from lms.sim.interpreter import compiled_for
-from lms.sim.order import executed_order
+from lms.order import executed_order
 from lms.simulator import NO_TEMPORARIES, simulate
 from tests.synthetic import MiB, chain, diamond, residual
 

@@ -99,7 +99,7 @@ def test_index_executor_model_runs_the_orders_of_executed_order(graph):
     """`ExecutorModel` (op indexes, pins merged in) and `executed_order` over `pin_graph` agree, op for op."""
     from lms.schedule import pin_graph
     from lms.schedule.models import ExecutorModel, buffer_model
-    from lms.sim.order import executed_order
+    from lms.order import executed_order
 
     g = GRAPHS[graph]()
     plan = plan_swaps(g, LMSConfig(n_tensors=-1, lb=1, schedule="memory"))

@@ -16,8 +16,8 @@ from lms import LMSConfig, plan_swaps
 from lms.machine.devices import DeviceProfile, get_device
 from lms.graph import GraphBuilder, Role
 from lms.plan import rewrite_graph
-from lms.sim.order import bypass_identities, executed_order
-from lms.sim.shapes import complete_sizes, is_noop_reduction
+from lms.order import bypass_identities, executed_order
+from lms.shapes import complete_sizes, is_noop_reduction
 from lms.sim.costs import op_flops, op_temporary
 from lms.simulator import (CPU_TEMPORARIES, NO_TEMPORARIES, InfeasibleBudget, TemporaryModel, TemporaryRule,
                            max_batch, simulate)

@@ -55,7 +55,7 @@ _TFLOPS = 1e12
 _EFFECTIVE_LINK = 0.85
 
 
-# lms.sim.order.ORDERS (not imported: this module stays free of the simulator)
+# lms.order.ORDERS (not imported: this module stays free of the simulator)
 _ORDERS = ("executor", "single_threaded", "fifo", "creation")
 
 
@@ -87,7 +87,7 @@ class DeviceProfile:
         kernels: ``"gpu"`` or ``"cpu"``: whose scratch-memory model applies
             (`lms.sim.costs.TEMPORARIES`).
         order: the executed-order model `lms.simulate` uses on this device
-            unless told otherwise (`lms.sim.order.executed_order`): GPUs
+            unless told otherwise (`lms.order.executed_order`): GPUs
             ``"executor"`` (TF's default executor); the emulated device
             (``"cpu"``) ``"single_threaded"``, the executor its measurements
             run under (``measure_step(executor="single_threaded")``).

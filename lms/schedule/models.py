@@ -4,7 +4,7 @@
   when its op runs and freed after its last reader, views share their input's
   buffer, variables and inputs resident.
 - The executor model (`ExecutorModel`): the orders TF's executor models
-  (`lms.sim.order.executed_order`, both kinds) run the graph in once pins are
+  (`lms.order.executed_order`, both kinds) run the graph in once pins are
   added, over the liveness model's op indexes, without building a graph per
   pin set.
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from ..graph import Graph, GraphError, Role, group_pairs
 from ..optypes import INPUT_TYPES, RESIDENT_TYPES, VIEW_TYPES
+from ..order import root_rank
 from ..plan.swap_plan import HOST_DEVICE
 
 __all__ = ["BufferModel", "buffer_model", "live_bytes", "live_peak", "order_peak", "scoring_batch", "ExecutorModel",
@@ -161,7 +162,7 @@ EXECUTOR_KINDS = ("executor", "single_threaded")
 
 
 class ExecutorModel:
-    """`lms.sim.order.executed_order`'s two models over `BufferModel`'s op indexes, for one graph and many pin sets.
+    """`lms.order.executed_order`'s two models over `BufferModel`'s op indexes, for one graph and many pin sets.
 
     Same orders as ``executed_order(pin_graph(g, pins), kind)`` for ``"executor"``
     (no op expensive: each root's task runs its ops FIFO) and
@@ -171,8 +172,6 @@ class ExecutorModel:
     """
 
     def __init__(self, g: Graph, m: BufferModel) -> None:
-        from ..sim.order import root_rank
-
         self.m = m
         self.succs = m.succs
         self.n_preds = [len(p) for p in m.preds]

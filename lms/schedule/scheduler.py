@@ -32,7 +32,7 @@ The memory order is pinned through its pinnable ops only, plus one edge into
 each swap-in from the last op before it that may carry a control output (the
 rule swap-in triggers follow, `lms.plan.anchor.trigger_ops`), so the copy comes in
 where the order put it; the others run when TF's executor reaches them, so each candidate is scored by the peak of the
-order TF's executor models (`lms.sim.order.executed_order`, both kinds) run
+order TF's executor models (`lms.order.executed_order`, both kinds) run
 over the graph with its pins, not by the order asked for.
 
 The memory order (anchor: XLA's ``DefaultMemoryScheduler``, which runs a list,
@@ -56,6 +56,7 @@ from ..config import LMSConfig
 from ..graph import Graph, GraphError, Role
 from ..plan.anchor import pinnable_ops, trigger_ops
 from ..plan.swap_plan import SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
+from ..shapes import complete_sizes
 from .candidate_orders import (PIN_MIN_BYTES, PREFETCH_DOMINANCE, list_schedule, place_swap_ins, post_order,
                                prefetch_order, prefetched, sink)
 from .edges import anchor_edges, merge_edges, ordering_edges, pin_graph, resource_edges
@@ -291,7 +292,6 @@ def schedule_ops(graph: Graph, plan: SwapPlan | None = None, *, config: LMSConfi
                          serialized_levels=levels, schedule_s=time.perf_counter() - t0)
         sched.validate(rewritten, pinnable=pinnable)
         return sched
-    from ..sim.shapes import complete_sizes  # lms.sim imports this package lazily: no cycle
 
     # The order respects every edge of the graph as built, identities included (pins that relied on
     # Grappler bypassing an identity -- Keras passes all gradients through one -- would close a cycle),

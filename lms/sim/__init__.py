@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .compiled import CompiledGraph, compile_graph
-from .order import bypass_identities, executed_order
+from ..order import bypass_identities, executed_order
 from .costs import CPU_TEMPORARIES, GPU_TEMPORARIES, NO_TEMPORARIES, TemporaryModel, TemporaryRule
 from .interpreter import simulate
 from .opcosts import OpCosts

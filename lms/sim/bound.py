@@ -50,8 +50,8 @@ from ..plan import HOST_DEVICE, SWAP_OUT_TYPE
 from .compiled import ALIAS_TYPES, FORWARDING_INPUTS, INPUT_TYPES, RESIDENT_TYPES, resident_items
 from .costs import TemporaryModel, op_temporary
 from .interpreter import default_temporaries
-from .order import bypass_identities
-from .shapes import complete_sizes, is_noop_reduction
+from ..order import bypass_identities
+from ..shapes import complete_sizes, is_noop_reduction
 
 __all__ = ["OpFloor", "PeakFloor", "BatchBound", "peak_floor", "max_batch_bound"]
 

@@ -38,10 +38,12 @@ import numpy as np
 from ..graph import Graph, Role
 from ..optypes import INPUT_TYPES, RESIDENT_TYPES, VIEW_TYPES
 from ..plan import HOST_DEVICE, SWAP_IN_TYPE, SWAP_OUT_TYPE, SwapPlan, rewrite_graph
-from .costs import ZERO_COST_TYPES, TemporaryModel, op_bytes, op_flops, op_temporary
+from ..optypes import ZERO_COST_TYPES
+from .costs import TemporaryModel, op_bytes, op_flops, op_temporary
 from .layout import nchw_tensors, swap_transposes, transposed_rank
-from .order import bypass_identities, executed_order, prune_dead
-from .shapes import complete_sizes, is_noop_reduction
+from ..order import bypass_identities, executed_order, prune_dead
+from ..schedule import merge_edges, pin_graph
+from ..shapes import complete_sizes, is_noop_reduction
 
 __all__ = ["CompiledGraph", "compile_graph", "ALIAS_TYPES",
            "FORWARDING_INPUTS", "INPUT_TYPES", "RESIDENT_TYPES"]
@@ -361,8 +363,6 @@ def compile_graph(graph: Graph, plan: SwapPlan | None = None, *, order: str = "e
 
 
 def _with_edges(g: Graph, schedule: Any) -> Graph:
-    from ..schedule import merge_edges, pin_graph  # lms.schedule imports lms.sim.shapes: import here
-
     return pin_graph(g, schedule.edges + merge_edges(g))
 
 

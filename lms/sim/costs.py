@@ -26,7 +26,7 @@ from ..graph import Graph, Op, Tensor, dtype_size
 
 __all__ = ["TemporaryRule", "TemporaryModel", "CPU_TEMPORARIES", "ONEDNN_TEMPORARIES", "GPU_TEMPORARIES",
            "NO_TEMPORARIES", "TEMPORARIES",
-           "op_flops", "op_bytes", "op_temporary", "ZERO_COST_TYPES"]
+           "op_flops", "op_bytes", "op_temporary"]
 
 Affine = tuple[float, float]
 
@@ -41,13 +41,6 @@ _DEPTHWISE = frozenset({"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropI
 _MATMUL = frozenset({"MatMul", "_FusedMatMul", "_MklMatMul", "_MklNativeFusedMatMul", "BatchMatMul",
                      "BatchMatMulV2", "BatchMatMulV3", "Einsum"})
 
-# Ops that do no device work of their own (views, constants, handles, control).
-ZERO_COST_TYPES = frozenset({
-    "Const", "NoOp", "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
-    "PreventGradient", "EnsureShape", "Placeholder", "PlaceholderWithDefault", "_Arg", "_Retval",
-    "VarHandleOp", "ReadVariableOp", "Shape", "ShapeN", "Size", "Rank", "VariableShape",
-    "BroadcastGradientArgs",
-})
 
 
 def _elements(t: Tensor) -> Affine:

@@ -29,8 +29,8 @@ import numpy as np
 from ..config import LMSConfig
 from ..machine.devices import DeviceProfile, get_device
 from ..graph import Graph
+from ..pipeline import cached, per_graph, plan_kernels, resolve_plan, schedule_for, store
 from ..plan import SwapPlan
-from ..plan import plan_swaps
 from .bfc import replay_bfc
 from .compiled import CompiledGraph, compile_graph
 from .costs import ONEDNN_TEMPORARIES, TEMPORARIES, TemporaryModel
@@ -38,7 +38,7 @@ from .layout import converts_layout
 from .opcosts import OpCosts
 from .result import SimResult, Timeline, TimelineEvent, Trace
 
-__all__ = ["simulate", "SimResult", "Timeline", "TimelineEvent", "compiled_for", "resolve_plan", "plan_kernels", "schedule_for", "exact_on",
+__all__ = ["simulate", "SimResult", "Timeline", "TimelineEvent", "compiled_for", "exact_on",
            "layout_transposes_on",
            "DEFAULT_TEMPORARIES", "default_temporaries", "cost_array"]
 
@@ -46,35 +46,7 @@ __all__ = ["simulate", "SimResult", "Timeline", "TimelineEvent", "compiled_for",
 DEFAULT_TEMPORARIES = ONEDNN_TEMPORARIES  # the emulated device's kernels (oneDNN)
 
 
-# ---- compile cache ------------------------------------------------------------------
-_CACHE: "weakref.WeakKeyDictionary[Graph, dict]" = weakref.WeakKeyDictionary()
-_MAX_PER_GRAPH = 64
-
-
-def resolve_plan(graph: Graph, config_or_plan: LMSConfig | SwapPlan | None, *,
-                 kernels: str = "cpu") -> SwapPlan | None:
-    """A plan for `graph`: as given, planned from a config for `kernels` (cached), or ``None``."""
-    if config_or_plan is None or isinstance(config_or_plan, SwapPlan):
-        return config_or_plan
-    if not isinstance(config_or_plan, LMSConfig):
-        raise TypeError(f"expected an LMSConfig, a SwapPlan or None, got {type(config_or_plan).__name__}")
-    return _memo(graph, ("plan", config_or_plan, kernels),
-                 lambda: plan_swaps(graph, config_or_plan, kernels=kernels))
-
-
-def plan_kernels(device: DeviceProfile | None) -> str:
-    """Whose kernels a plan for `device` is made for (`lms.plan.plan_swaps`): its own, oneDNN's without one."""
-    return device.kernels if device is not None else "cpu"
-
-
-def _memo(graph: Graph, key: tuple, make: Any) -> Any:
-    """``make()``, computed once per (`graph`, `key`) while `graph` lives."""
-    per_graph = _CACHE.setdefault(graph, {})
-    if key not in per_graph:
-        _trim(per_graph)
-        per_graph[key] = make()
-    return per_graph[key]
-
+# ---- compiled graphs, cached beside the plans and schedules (lms.pipeline) -----------------
 
 def compiled_for(graph: Graph, plan: SwapPlan | None, *, order: str = "executor",
                  expensive_op_bytes: int | None = None, temporaries: TemporaryModel | None = None,
@@ -87,34 +59,21 @@ def compiled_for(graph: Graph, plan: SwapPlan | None, *, order: str = "executor"
     executor over the graph with the schedule's pins.
     """
     temporaries = DEFAULT_TEMPORARIES if temporaries is None else temporaries
-    per_graph = _CACHE.setdefault(graph, {})
+    entries = per_graph(graph)
     pinned = plan is not None and plan.config.pins_order
     exact = bool(exact and pinned and plan.config.schedule == "memory")
     layout_transposes = bool(layout_transposes and plan is not None and plan.swaps)
     key = ("compiled", plan if plan is not None and (plan.rewrites or pinned) else None, order, expensive_op_bytes,
            id(temporaries), resident_bytes, exact, layout_transposes)
-    hit = per_graph.get(key)
+    hit = entries.get(key)
     if hit is not None and hit[0] is temporaries:
         return hit[1]
-    _trim(per_graph)
     sched = schedule_for(graph, plan, exact=exact) if pinned else None
     cg = compile_graph(graph, plan, order=order, expensive_op_bytes=expensive_op_bytes,
                        temporaries=temporaries, resident_bytes=resident_bytes, schedule=sched,
                        layout_transposes=layout_transposes)
-    per_graph[key] = (temporaries, cg)
+    store(graph, key, (temporaries, cg))
     return cg
-
-
-def schedule_for(graph: Graph, plan: SwapPlan, *, exact: bool = False) -> Any:
-    """The `lms.schedule.Schedule` of (graph, plan) under the plan's config, cached while `graph` lives.
-
-    Computed at the graph's own batch size, as `lms.function` computes it for the
-    graph it traced, so the simulator predicts the order that is pinned (with
-    `exact`: the order of a step whose executed graph is pinned whole).
-    """
-    from ..schedule import schedule_ops  # lms.schedule imports lms.sim.shapes: import here, not at the top
-
-    return _memo(graph, ("schedule", plan, exact), lambda: schedule_ops(graph, plan, exact=exact))
 
 
 def exact_on(device: DeviceProfile | None) -> bool:
@@ -134,12 +93,7 @@ def layout_transposes_on(graph: Graph, device: DeviceProfile | None) -> bool:
     if device is None or device.kernels != "gpu":
         return False
     capability = device.compute_capability
-    return _memo(graph, ("converts_layout", capability), lambda: converts_layout(graph, capability))
-
-
-def _trim(per_graph: dict) -> None:
-    while len(per_graph) >= _MAX_PER_GRAPH:
-        per_graph.pop(next(iter(per_graph)))
+    return cached(graph, ("converts_layout", capability), lambda: converts_layout(graph, capability))
 
 
 # ---- the interpreter ---------------------------------------------------------------------
@@ -170,7 +124,7 @@ def simulate(graph: Graph, plan: LMSConfig | SwapPlan | None = None, *, batch: i
             device's expensive-op rule), ``"single_threaded"`` (TF's
             single-threaded executor, as `lms.tf.measure.measure_step` runs
             under with ``executor="single_threaded"``), ``"fifo"`` or
-            ``"creation"`` (see `lms.sim.order.executed_order`). ``None``: the
+            ``"creation"`` (see `lms.order.executed_order`). ``None``: the
             device's (`DeviceProfile.order`), ``"executor"`` without a device.
         allocator: ``"exact"``: the peak of live bytes (each allocation rounded
             to 256 bytes); ``"bfc"``: replay TF's BFC allocator over a few steps

@@ -22,8 +22,8 @@ from ..graph import Graph
 from ..plan import SwapPlan
 from .costs import TemporaryModel
 from .host import check_host_budget, fits
-from .interpreter import (SimResult, compiled_for, cost_array, default_temporaries, exact_on, layout_transposes_on,
-                          plan_kernels, resolve_plan, run)
+from ..pipeline import plan_kernels, resolve_plan
+from .interpreter import SimResult, compiled_for, cost_array, default_temporaries, exact_on, layout_transposes_on, run
 from .opcosts import OpCosts
 
 __all__ = ["max_batch", "MaxBatchResult", "InfeasibleBudget", "ALL_SWAPPED", "bfc_adjusted_batch"]

@@ -26,7 +26,7 @@ from ..graph import Graph
 from ..plan import SwapPlan
 from ..plan import plan_swaps
 from ..plan.candidates import LOOP_ACCUMULATOR_REASON
-from ..sim.interpreter import resolve_plan
+from ..pipeline import resolve_plan, schedule_for
 from .apply import AppliedPlan, apply_plan, default_compute_device
 from .auto import AutoSettings
 from .batch import batch_argument, call_batch, observe_batch, static_batch
@@ -196,7 +196,6 @@ class Rewriter:
         checked_at = time.perf_counter()
         schedule = None
         if config.pins_order:  # the order chosen over the graph model, pinned by control edges
-            from ..sim.interpreter import schedule_for
             from .pin import apply_schedule
 
             exact = may_pin_whole and config.schedule == "memory"

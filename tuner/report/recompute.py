@@ -129,7 +129,8 @@ def recompute_summary(graph: Any, config: Any, *, batch: int, device: Any = None
         ValueError: `config` recomputes nothing.
     """
     from lms.machine.devices import get_device
-    from lms.sim.interpreter import plan_kernels, resolve_plan, simulate
+    from lms.pipeline import plan_kernels, resolve_plan
+    from lms.sim.interpreter import simulate
 
     if config.recompute == "none":
         raise ValueError("recompute_summary: the config has recompute='none', so nothing is recomputed")

@@ -3,7 +3,7 @@
 With ``schedule="tf"`` and no ``serialization``/``sync_mode`` TF's executor
 decides the order and nothing is computed here. Otherwise the summary is that
 of the `lms.schedule.Schedule` the simulator uses for the timeline
-(`lms.sim.interpreter.schedule_for`, cached per graph and plan), so the table
+(`lms.pipeline.schedule_for`, cached per graph and plan), so the table
 and the curve describe the same pins::
 
     LMSConfig(schedule="memory") --resolve_plan--> SwapPlan --schedule_for--> Schedule --> ScheduleSummary
@@ -109,7 +109,8 @@ def schedule_summary(graph: Any, config: Any, *, device: Any = None) -> Schedule
         return ScheduleSummary(kind="tf")
     from lms.machine.devices import get_device
     from lms.schedule import CANDIDATES
-    from lms.sim.interpreter import exact_on, plan_kernels, resolve_plan, schedule_for
+    from lms.pipeline import plan_kernels, resolve_plan, schedule_for
+    from lms.sim.interpreter import exact_on
 
     dev = get_device(device) if device is not None else None
     exact = config.schedule == "memory" and exact_on(dev)

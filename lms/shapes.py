@@ -20,7 +20,7 @@ sample, although in a residual network it reduces nothing and is as large as
 
 from __future__ import annotations
 
-from ..graph import Graph, Op, Tensor
+from .graph import Graph, Op, Tensor
 
 __all__ = ["complete_sizes", "is_noop_reduction", "REDUCTION_TYPES"]
 

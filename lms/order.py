@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import collections
 
-from ..graph import Graph, Op
-from ..optypes import INPUT_TYPES, VIEW_TYPES
-from .costs import ZERO_COST_TYPES
+from .graph import Graph, Op
+from .optypes import INPUT_TYPES, VIEW_TYPES, ZERO_COST_TYPES
 
 __all__ = ["executed_order", "bypass_identities", "prune_dead", "root_rank", "ORDERS", "BYPASSED_TYPES"]
 
