@@ -722,7 +722,9 @@ def predict_model(model: ModelSpec, methods: Sequence[str], run: Run, *, budget_
         rows["lms_tuned"]["label"] = PREDICTED + f", {device}, {budget_gib:g} GiB, live bytes"
     pairs = []
     for lms_key in (k for k in rows if BY_KEY[k].lms and rows[k].get("batch")):
-        for peer in (k for k in rows if not BY_KEY[k].lms and rows[k].get("batch") and k in steps):
+        only = rows[lms_key].get("at_peer") if BY_KEY[lms_key].common_only else None  # tuned for that batch only
+        for peer in (k for k in rows if not BY_KEY[k].lms and rows[k].get("batch") and k in steps
+                     and only in (None, k)):
             b = min(rows[lms_key]["batch"], rows[peer]["batch"])
             (a, a_what), (p, p_what) = steps[lms_key](b), steps[peer](b)
             pairs.append({"lms": lms_key, "peer": peer, "batch": b,
