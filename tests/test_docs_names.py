@@ -51,7 +51,6 @@ _FILE_SUFFIXES = {"md", "py", "json", "csv", "html", "png", "txt", "toml", "yaml
 NOT_PYTHON_NAMES = {
     "tuner.recommendation": "the schema name of a recommended.json document (lms.jsonfile), not a module",
     "tuner.graph": "the schema name of the traced graph's JSON document the search caches (graph.json)",
-    "tuner.device": "a study attribute: the simulator's device profile the search used",
     "lms.document_schemas": "the entry-point group that registers JSON document schemas (lms.config)",
 }
 

@@ -42,23 +42,20 @@ def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | N
     from ..outputs import build_recommendation
     from ..policy.selection import select_recommendation
     from ..study.settings import SearchSettings
-    from ..study.study import tuner_record
+    from ..study.record import StudyRecord
+    from ..study.study import study_record
 
     spec, _, study = open_existing(args)
-    stored = tuner_record(study.user_attrs) or {}
-    selection = stored.get("selection") if isinstance(stored.get("selection"), dict) else {}
     try:
+        stored = study_record(study.user_attrs) or StudyRecord()
         settings = SearchSettings(
-            study=args.study, model=str(stored.get("model", "?")),
-            model_options=dict(stored.get("model_options") or {}),
-            backend=(backend_named(stored.get("backend")) or get_backend("simulate")).name,
-            budget_bytes=stored.get("budget_bytes"), budget_source="stored", device=str(stored.get("device", "")),
+            study=args.study, model=stored.model, model_options=dict(stored.model_options),
+            backend=(backend_named(stored.backend) or get_backend("simulate")).name,
+            budget_bytes=stored.budget_bytes, budget_source="stored", device=stored.device,
             trials=0, screen_trials=0, storage=spec, studies_dir=args.studies_dir,
-            workload=dict(stored.get("workload") or {}), safety_margin=float(stored.get("safety_margin", 0.05)),
-            max_batch=int(stored.get("max_batch") or 4096), batch=stored.get("batch"),
-            prefer=str(selection.get("prefer", "batch")),
-            min_throughput_ratio=float(selection.get("min_throughput_ratio", 0.8)),
-            host_budget_bytes=stored.get("host_budget_bytes"), host_budget_source=str(stored.get("host_budget_source", "")))
+            workload=dict(stored.workload), safety_margin=stored.safety_margin, max_batch=stored.max_batch,
+            batch=stored.batch, prefer=stored.prefer, min_throughput_ratio=stored.min_throughput_ratio,
+            host_budget_bytes=stored.host_budget_bytes, host_budget_source=stored.host_budget_source)
     except (TypeError, ValueError) as exc:
         raise BadInput(f"study {args.study!r} has unreadable tuner settings ({exc})") from None
     trials = study.get_trials(deepcopy=False)
@@ -67,11 +64,11 @@ def _recommendation_from_storage(args: argparse.Namespace) -> dict[str, Any] | N
                                           confirmations=study.user_attrs.get(CONFIRMATIONS_ATTR))
     if chosen is None:
         return None
-    budget = int(stored.get("budget_bytes") or 0)
+    budget = int(stored.budget_bytes or 0)
     from ..policy.batch import usable_bytes
 
     return build_recommendation(study=args.study, chosen=chosen, front=front, trials=trials, settings=settings,
-                                budget_bytes=budget, budget_source=str(stored.get("budget_source", "")),
+                                budget_bytes=budget, budget_source=stored.budget_source,
                                 usable_bytes=usable_bytes(budget, settings.safety_margin), environment={},
                                 notes=["computed from the study storage (recommended.json not written yet)"],
                                 confirmations=study.user_attrs.get(CONFIRMATIONS_ATTR))

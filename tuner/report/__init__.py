@@ -333,20 +333,24 @@ def _graph_file(study_dir: Path, study_attrs: Mapping[str, Any]) -> Path | None:
 
 
 def _simulator_device(study_attrs: Mapping[str, Any], rec: Recommendation) -> str | None:
-    """The simulator's device profile the search used (``tuner.device`` in the study's attrs)."""
-    tuner_attrs = study_attrs.get("tuner") if isinstance(study_attrs.get("tuner"), Mapping) else {}
-    predicted = rec.document.get("predicted") if isinstance(rec.document.get("predicted"), Mapping) else {}
+    """The simulator's device profile the search used: its settings record's ``device``
+    (`tuner.study.record.StudyRecord`), else the profile recommended.json's prediction names; None when
+    neither names a known profile."""
     from lms.machine.devices import get_device
 
-    for source in (study_attrs, tuner_attrs, predicted, rec.environment):
-        for key in ("device_profile", "simulator_device", "profile", "device"):
-            value = source.get(key)
-            name = value.get("name") if isinstance(value, Mapping) else value
-            if isinstance(name, str) and name:
-                try:
-                    return get_device(name).name
-                except (KeyError, ValueError):  # a free-form device name, not a profile
-                    continue
+    from ..study.study import study_record
+
+    try:
+        record = study_record(study_attrs)
+    except ValueError:
+        record = None
+    predicted = rec.document.get("predicted") if isinstance(rec.document.get("predicted"), Mapping) else {}
+    for name in (record.device if record is not None else None, predicted.get("device_profile")):
+        if isinstance(name, str) and name:
+            try:
+                return get_device(name).name
+            except (KeyError, ValueError):  # not a profile
+                continue
     return None
 
 

@@ -25,6 +25,7 @@ import pandas as pd
 
 from ..policy.knobs import KNOB_TABLE, KnobTable
 from ..policy.pareto import dominates
+from ..study.study import study_record
 from .knob_effects import KnobEffect, knob_effect, knob_effects, knob_label
 from .provenance import Recommendation, environment_rows, measurement_note
 
@@ -391,12 +392,13 @@ def report_data(study_name: str, trials: Iterable[Any], *, study_attrs: Mapping[
     rec_number = recommended_trial(df, recommendation)
     base_number = _document_baseline(df, recommendation)
     budget = recommendation.budget_bytes if recommendation is not None else None
-    if budget is None:  # the study's own (the search keeps it under "tuner")
-        tuner_attrs = study_attrs.get("tuner") if isinstance(study_attrs.get("tuner"), Mapping) else {}
-        for value in (study_attrs.get("budget_bytes"), tuner_attrs.get("budget_bytes")):
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                budget = value
-                break
+    if budget is None:  # the study's own, from its settings record
+        try:
+            record = study_record(study_attrs)
+        except ValueError:
+            record = None
+        if record is not None and record.budget_bytes and record.budget_bytes > 0:
+            budget = record.budget_bytes
     fronts = (
         pareto_front(df, x="batch_size", maximize_x=True, baseline=base_number, recommended=rec_number,
                      screen=screen),

@@ -3,6 +3,7 @@
 Optuna is met here (and in the search's top level, `tuner.search`); the rules it applies are `tuner.policy`'s.
 
     settings.py    `SearchSettings`: everything a search needs, validated once by the CLI (or a test, a benchmark)
+    record.py      `StudyRecord`: the settings a search stores with its study, typed, as `best` and the report read them
     storage.py     where studies live: study names, storage URLs, opening them without leaking secrets
     masking.py     secrets in storage URLs, masked by rule wherever a URL or a message may show them
     study.py       the Optuna studies of a search: objectives, samplers, claiming a study, its warm start

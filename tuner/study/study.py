@@ -16,9 +16,10 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from ..errors import BadInput
+from .record import StudyRecord
 
 __all__ = ["OBJECTIVES", "DIRECTIONS", "SCREEN_SUFFIX", "TUNER_ATTR", "make_sampler", "create_study",
-           "queue_warm_start", "tuner_record", "claim_problem", "claim_study", "claim_screen_study", "setup_finished",
+           "queue_warm_start", "tuner_record", "study_record", "claim_problem", "claim_study", "claim_screen_study", "setup_finished",
            "foreign_study", "screens_for"]
 
 OBJECTIVES = ("batch_size", "throughput")
@@ -72,9 +73,19 @@ def queue_warm_start(study: Any, space: Any, *, ladder: int = 0) -> None:
 
 
 def tuner_record(attrs: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The tuner's settings record among a study's user attributes (None: not a tuner study)."""
+    """The tuner's settings record among a study's user attributes, as stored (None: not a tuner study)."""
     record = attrs.get(TUNER_ATTR)
     return dict(record) if isinstance(record, dict) else None
+
+
+def study_record(attrs: Mapping[str, Any]) -> StudyRecord | None:
+    """The tuner's settings record, typed (`tuner.study.record.StudyRecord`; None: not a tuner study).
+
+    Raises:
+        ValueError: a field of the record has the wrong type (the message names it).
+    """
+    record = tuner_record(attrs)
+    return None if record is None else StudyRecord.from_dict(record)
 
 
 def setup_finished(record: Mapping[str, Any] | None) -> bool:
