@@ -210,6 +210,15 @@ def test_no_import_circle_between_tuner_packages():
     assert {"tuner.study", "tuner.policy", "tuner.worker", "tuner.backends"} <= set(graph)
 
 
+def test_no_import_circle_between_lms_packages():
+    """lms/ is one pipeline, top down: tf/ (applies) and sim/ (interprets) over the compile stage
+    (`lms.pipeline`), over schedule/ and plan/, over the shared rules and models (`lms.rules`, `lms.order`,
+    `lms.shapes`, `lms.graph`). The simulator and the scheduler imported each other until 2026-12-06."""
+    graph = _package_graph("lms")
+    assert _circles("lms", graph) == []
+    assert "lms.sim" not in graph["lms.schedule"] and "lms.sim" not in graph["lms.pipeline"]
+
+
 def test_tuner_root_holds_at_most_12_modules():
     """tuner/'s root keeps the process entry points, the search's top level and the few leaves every
     package shares; everything else lives in a package named for its role (study/, policy/, worker/...)."""
