@@ -108,8 +108,8 @@ def evaluate_grid(graph: Any, space: Any, *, usable: int, device: str, cap: int,
 
 def _model_fingerprint() -> str:
     """Digest of the planner and simulator sources (every module of lms/ but its TensorFlow adapter, and the
-    tuner's batch rules): a changed model invalidates the cached grid. It named single files before, which
-    moved (lms/devices.py, lms/planner.py, lms/plan.py) and made this benchmark fail to start."""
+    tuner's batch rules): a changed model invalidates the cached grid. It named single files before; three of
+    them had moved away since, and the benchmark failed to start."""
     h = hashlib.sha1()
     paths = [p for p in (ROOT / "lms").rglob("*.py") if "tf" not in p.relative_to(ROOT / "lms").parts[:1]]
     for path in sorted([*paths, ROOT / "tuner" / "policy" / "batch.py"]):
