@@ -71,6 +71,17 @@ def test_at_one_batch_no_lms_is_chosen_unless_a_config_is_faster_beyond_the_nois
     assert chosen.params["n_tensors"] == 100  # no LMS does not reach the batch: the rule's pick stands
 
 
+def test_no_lms_at_the_edge_of_the_budget_is_not_preferred():
+    """keras.io's DCGAN under its own fit (benchmarks/user_programs.py): no LMS reached the LMS config's batch 7
+    with 1.6% of the usable budget left, and the program's own runs then went over it; the config is kept."""
+    trials = _study([(0, 7, 41.1, "ok"), (100, 7, 45.9, "ok")]).trials
+    trials[0].user_attrs["constraint"] = [40.21 / 40.88 - 1]
+    chosen, _ = select_recommendation(trials)
+    assert chosen.params["n_tensors"] == 100
+    trials[0].user_attrs["constraint"] = [-0.06]
+    assert select_recommendation(trials)[0].params["n_tensors"] == 0
+
+
 def test_no_feasible_trial_gives_none() -> None:
     chosen, front = select_recommendation(_study([(50, 0, 0.0, "oom")]).trials)
     assert chosen is None and front == []

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .batch import Prediction, predict_at_batch, predict_max_batch
-from .selection import PLAIN_TOLERANCE
+from .selection import PLAIN_HEADROOM, PLAIN_TOLERANCE
 
 __all__ = ["Goal", "MaxBatch", "FixedBatch", "goal_of"]
 
@@ -84,7 +84,7 @@ class FixedBatch(Goal):
 
     def rule(self, *, prefer: str, min_throughput_ratio: float) -> str:
         return (f"highest throughput among the configs that fit the budget at batch {self.batch}; no LMS when it "
-                f"fits and runs within {PLAIN_TOLERANCE:.0%} of that")
+                f"runs within {PLAIN_TOLERANCE:.0%} of that with {PLAIN_HEADROOM:.0%} of the usable budget free")
 
 
 def goal_of(batch: int | None, *, cap: int = 4096) -> Goal:

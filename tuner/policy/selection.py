@@ -5,8 +5,9 @@ Which Pareto point is recommended (`select_recommendation`):
 configs whose throughput is at least ``min_throughput_ratio`` (default 0.8) of
 the best throughput on the front; ``prefer="throughput"``: the fastest. Where the
 no-LMS step reaches the chosen batch (always so at a fixed batch, ``--batch N``,
-when it fits) and runs within `PLAIN_TOLERANCE` of the chosen config's
-throughput, no LMS is recommended instead (`prefer_plain`).
+when it fits), runs within `PLAIN_TOLERANCE` of the chosen config's throughput
+and leaves `PLAIN_HEADROOM` of the usable budget free, no LMS is recommended
+instead (`prefer_plain`).
 
 Below the backends and the confirmation (`tuner.backends.confirm`), which choose with it
 during a search; `tuner.outputs` writes the choice into recommended.json.
@@ -20,7 +21,7 @@ from .bracket import confirmed_figures
 from .pareto import dominates, rule_pick
 
 __all__ = ["feasible_trials", "pareto_front", "Confirmed", "select_recommendation", "throughput_peak_front",
-           "baseline_trial", "prefer_plain", "is_plain", "PLAIN_TOLERANCE"]
+           "baseline_trial", "prefer_plain", "is_plain", "PLAIN_TOLERANCE", "PLAIN_HEADROOM"]
 
 #: An LMS config is recommended over the no-LMS step at the same batch only when it is faster by more than
 #: this fraction. A swap costs transfer time and a pinned order saves none that separate processes can show:
@@ -29,6 +30,13 @@ __all__ = ["feasible_trials", "pareto_front", "Confirmed", "select_recommendatio
 #: 2-core box), and the same plain step ranged 56-85 samples/s between processes that hour (MEASURED
 #: 2026-12-06): a 12% "gain" was the machine's noise.
 PLAIN_TOLERANCE = 0.15
+#: ... and only when the no-LMS step's peak leaves this fraction of the usable budget free. At the edge of the
+#: budget the config's lower peak is what keeps the user's own program inside it: keras.io's DCGAN under its
+#: own ``fit`` (benchmarks/user_programs.py, budget from its peak at batch 8) reached batch 7 without LMS
+#: (40.21 of 40.88 MiB usable in the tuner's processes) as with LMS, and its own runs without LMS then peaked
+#: at 42.45 MiB, over the usable budget, where the config the tuner used to pick stayed under it (MEASURED
+#: 2026-12-06).
+PLAIN_HEADROOM = 0.05
 
 
 def feasible_trials(trials: Iterable[Any]) -> list[Any]:
@@ -96,22 +104,33 @@ def is_plain(trial: Any) -> bool:
             and cfg.get("recompute", "none") in ("none", (), []))
 
 
-def prefer_plain(chosen: Any, feasible: Sequence[Any], *, tolerance: float = PLAIN_TOLERANCE) -> Any:
+def prefer_plain(chosen: Any, feasible: Sequence[Any], *, tolerance: float = PLAIN_TOLERANCE,
+                 headroom: float = PLAIN_HEADROOM) -> Any:
     """`chosen`, or the fastest feasible no-LMS trial at the same batch when it is within `tolerance` of
-    `chosen`'s throughput (module docstring): what LMS would add there is a cost the figures cannot tell
-    from noise.
+    `chosen`'s throughput and its peak leaves `headroom` of the usable budget free (its ``constraint``,
+    peak / usable - 1, at most ``-headroom``; module docstring): what LMS would add there is a cost the
+    figures cannot tell from noise.
 
         >>> class T:
-        ...     def __init__(self, n, values): self.user_attrs, self.values = {"config": {"n_tensors": n}}, values
+        ...     def __init__(self, n, values, c=-0.2):
+        ...         self.user_attrs, self.values = {"config": {"n_tensors": n}, "constraint": [c]}, values
         >>> lms, plain = T(-1, [16, 45.9]), T(0, [16, 41.1])
         >>> prefer_plain(lms, [lms, plain]) is plain, prefer_plain(lms, [lms, T(0, [16, 38.0])]) is lms
         (True, True)
         >>> prefer_plain(lms, [lms, T(0, [8, 60.0])]) is lms   # no LMS does not reach the batch
         True
+        >>> prefer_plain(lms, [lms, T(0, [16, 45.0], c=-0.016)]) is lms   # no LMS at the edge of the budget
+        True
     """
     if is_plain(chosen):
         return chosen
-    same = [t for t in feasible if is_plain(t) and t.values[0] == chosen.values[0]]
+
+    def free(t: Any) -> bool:
+        c = t.user_attrs.get("constraint")
+        value = c[0] if isinstance(c, (list, tuple)) and c else None
+        return isinstance(value, (int, float)) and value <= -headroom
+
+    same = [t for t in feasible if is_plain(t) and t.values[0] == chosen.values[0] and free(t)]
     if not same:
         return chosen
     plain = max(same, key=lambda t: t.values[1])
