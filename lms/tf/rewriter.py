@@ -189,8 +189,8 @@ class Rewriter:
         applied = apply_plan(graph, plan, swap_ops=self.swap_ops, bandwidth=self.bandwidth, device=self.device)
         swapped = time.perf_counter()
         exact = may_pin_whole and config.schedule == "memory"
-        schedule = self._pinned_and_checked(graph, plain_def, model, plan, exact=exact, outputs=outputs) \
-            if plain_def is not None and plan.rewrites and config.pins_order else None
+        schedule, scheduled_s = self._pinned_and_checked(graph, plain_def, model, plan, exact=exact, outputs=outputs) \
+            if plain_def is not None and plan.rewrites and config.pins_order else (None, 0.0)
         if schedule is None and plain_def is not None and plan.rewrites:
             checked = ensure_equivalent(graph, plain_def, model, plan, outputs=outputs, device=self.device)
             plan, corrections = checked.plan, checked.corrections
@@ -214,7 +214,7 @@ class Rewriter:
         summary = LMSSummary.from_plan(plan, swap_ops=self.swap_ops, auto=choice, corrections=corrections,
                                        note=note)
         timings = {"extract_s": extracted - start, "plan_s": planned - extracted, "apply_s": swapped - planned,
-                   "check_s": checked_at - swapped, "schedule_s": done - checked_at}
+                   "check_s": checked_at - swapped - scheduled_s, "schedule_s": done - checked_at + scheduled_s}
         if choice is not None:
             timings["choose_s"] = choice.elapsed_s
         trace = _Trace(model, plan, applied, summary, timings, schedule=schedule)
@@ -250,22 +250,25 @@ class Rewriter:
         return "gpu" if tf.DeviceSpec.from_string(device).device_type == "GPU" else "cpu"
 
     def _pinned_and_checked(self, graph: tf.Graph, plain_def: Any, model: Graph, plan: SwapPlan, *, exact: bool,
-                            outputs: Any) -> Any:
-        """The schedule pinned and the finished rewrite (swaps and pins) checked in one Grappler run; None (the
-        pins taken out again) when Grappler optimizes it differently, so that the swaps and the pins are then
-        checked apart, each correction attributed to one of them (`ensure_equivalent`, `_check_pins`).
+                            outputs: Any) -> tuple[Any, float]:
+        """The schedule pinned and the finished rewrite (swaps and pins) checked in one Grappler run, and the
+        seconds the scheduling took; the schedule is None (the pins taken out again) when Grappler optimizes it
+        differently, so that the swaps and the pins are then checked apart, each correction attributed to one
+        of them (`ensure_equivalent`, `_check_pins`).
 
         Most rewrites pass: one Grappler run of the finished graph instead of two (the swapped graph, then the
         pinned one), about 1.6 s of a ResNet-50 trace on a 2-core CPU."""
         from .equivalence import order_differences
         from .pin import apply_schedule, remove_schedule
 
+        t0 = time.perf_counter()
         schedule = schedule_for(model, plan, exact=exact)
         pinned = apply_schedule(graph, schedule.edges)
+        scheduled_s = time.perf_counter() - t0
         if not order_differences(graph, plain_def, plan, outputs=outputs, device=self.device):
-            return schedule
+            return schedule, scheduled_s
         remove_schedule(graph, pinned)
-        return None
+        return None, scheduled_s
 
     def _check_pins(self, graph: tf.Graph, plain_def: Any, plan: SwapPlan, pinned: Any, schedule: Any,
                     corrections: tuple[Correction, ...], *, outputs: Any) -> tuple[Any, tuple[Correction, ...]]:

@@ -134,3 +134,15 @@ def test_an_edge_to_an_emulated_swap_in_with_a_bandwidth_reaches_its_first_op():
     apply_schedule(graph, [("trigger", "p-lms_swap_in_0_0")])
     transfer = graph.get_operation_by_name("p-lms_swap_in_0_0/transfer")
     assert [op.name for op in transfer.control_inputs] == ["trigger"]
+
+
+def test_a_pinned_trace_times_its_schedule_apart_from_its_check(cases):
+    """The finished rewrite is checked in one Grappler run with the pins on (`lms.tf.rewriter`): the time of
+    scheduling still counts as ``schedule_s``, not as the check's."""
+    case = cases["cnn_bn"]
+    step = lms.function(case.step_fn(), config=PIN_CONFIGS["memory-lb3-sync3"], emulate=True)
+    case.run(step)
+    case.reset()
+    timings = step.timings
+    assert step.summary.n_swapped > 0 and not step.summary.corrections
+    assert timings["schedule_s"] > 1e-3 and timings["check_s"] > 1e-3
