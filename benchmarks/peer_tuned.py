@@ -61,8 +61,7 @@ def read_recommendation(path: Path) -> dict[str, Any]:
         config = LMSConfig.load(path).to_dict()
     except (OSError, ValueError) as exc:
         return {"config": None, "why": f"{path.name}: {str(exc)[:200]}"}
-    return {"config": config, "lms_on": bool(config.get("n_tensors") or config.get("schedule") != "tf"
-                                                or config.get("recompute") not in ("none", (), [])),
+    return {"config": config, "lms_on": not LMSConfig.from_dict(config).off,
             "figures": {k: doc.get(k) for k in ("batch_size", "throughput", "peak_device_bytes", "backend")},
             "confirmed": doc.get("confirmed"), "baseline": (doc.get("baseline") or {}).get("throughput")}
 

@@ -282,6 +282,11 @@ class LMSConfig:
         return (self.schedule != "tf" or bool(self.serialization) or self.serialization_by_size > 0
                 or self.sync_mode != 0)
 
+    @property
+    def off(self) -> bool:
+        """True when the config changes nothing in the step: no swap, no recompute, no ordering edge."""
+        return not self.enabled and not self.pins_order
+
     def replace(self, **changes: Any) -> "LMSConfig":
         """A copy with some fields changed (validated like a new config)."""
         return dataclasses.replace(self, **changes)

@@ -161,7 +161,7 @@ class Rewriter:
                 self.pending_error = exc
                 raise
             config = choice.config
-        if choice is not None and not config.enabled and not config.pins_order:
+        if choice is not None and config.off:
             plan = SwapPlan(config=config, batch_size=batch, graph_name=self.owner)
             trace = _Trace(model, plan, None, LMSSummary.from_plan(plan, swap_ops=self.swap_ops, auto=choice,
                                                                    note="auto: the step fits without LMS"),
@@ -335,7 +335,7 @@ class _Session:
             return self
         if control_flow_util.GraphOrParentsInXlaContext(graph):
             raise ValueError(_XLA_MESSAGE.format(owner=rw.owner))
-        if not rw.config.enabled and not rw.config.pins_order:
+        if rw.config.off:
             rw.set_disabled(self._args, self._kwargs, graph=graph, batch_hint=self._batch_hint)
             return self
         self._graph = graph

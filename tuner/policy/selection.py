@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
+from lms.config import LMSConfig
+
 from .bracket import confirmed_figures
 from .pareto import dominates, rule_pick
 
@@ -98,10 +100,11 @@ def select_recommendation(trials: Sequence[Any], *, prefer: str = "batch", min_t
 
 
 def is_plain(trial: Any) -> bool:
-    """The trial ran the step without LMS: nothing swapped, TF's order, nothing recomputed."""
-    cfg = trial.user_attrs.get("config") or {}
-    return (cfg.get("n_tensors") == 0 and cfg.get("schedule", "tf") == "tf"
-            and cfg.get("recompute", "none") in ("none", (), []))
+    """The trial ran the step without LMS (`lms.config.LMSConfig.off`: nothing swapped or recomputed, TF's order)."""
+    try:
+        return LMSConfig.from_dict(trial.user_attrs.get("config") or {"n_tensors": -1}).off
+    except (TypeError, ValueError):  # not a config this version reads: not known to be plain
+        return False
 
 
 def prefer_plain(chosen: Any, feasible: Sequence[Any], *, tolerance: float = PLAIN_TOLERANCE,

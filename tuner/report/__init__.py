@@ -261,7 +261,7 @@ def _timeline(data: ReportData, *, study_dir: Path, study_attrs: Mapping[str, An
             device = _simulator_device(study_attrs, rec)
             config = LMSConfig.from_dict(rec.config)
             compared = [("no LMS", LMSConfig(n_tensors=0)), ("recommended", config)]
-            off = not config.enabled and not config.pins_order
+            off = config.off
             if off:  # the recommendation is no LMS: one curve says it all
                 compared = [("recommended (no LMS)", config)]
             tl = simulated_timeline(graph, compared, batch=rec.batch_size, device=device)
